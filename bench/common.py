@@ -1,0 +1,45 @@
+"""Shared pieces of the benchmark harness: interleaved rounds, medians, table rows.
+
+These machines are noisy, so every figure is the median of several rounds, and the
+rounds of a Relay figure and of its ceiling alternate (A B A B ...) so that a slow
+moment of the machine hits both alike. Each row puts Relay beside its ceiling.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Row:
+    metric: str  # what was measured, e.g. "trie match, 10k patterns, cached"
+    relay: float  # Relay's figure
+    unit: str  # "msg/s", "match/s", "us", ...
+    ceiling_name: str = ""  # what Relay is set beside, e.g. "linear matcher"
+    ceiling: float | None = None
+    goal: str = ""  # the goal in words, e.g. ">= 200,000/s"
+    met: bool | None = None  # whether the goal was met, when it can be judged
+
+    @property
+    def ratio(self) -> float | None:
+        if not self.ceiling:
+            return None
+        return self.relay / self.ceiling
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "ratio": self.ratio}
+
+
+def interleave(rounds: int, **contenders: Callable[[], float]) -> dict[str, float]:
+    """Run each contender once per round, alternating; return the median of each."""
+    results: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, run_once in contenders.items():
+            results[name].append(run_once())
+    return {name: statistics.median(values) for name, values in results.items()}
+
+
+def rate(count: int, seconds: float) -> float:
+    return count / seconds if seconds > 0 else float("inf")

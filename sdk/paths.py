@@ -1,0 +1,88 @@
+"""The data directory's layout, in one place (docs/architecture.md, "Files on disk").
+
+``$RELAY_HOME`` (default ``~/.dork/relay``) is created with mode 0700; everything
+below it is private to the user that runs the broker.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT_HOME = "~/.dork/relay"
+UNROUTABLE = "_unroutable"  # mailbox of publishes that matched no endpoint (shard 0)
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("RELAY_HOME") or DEFAULT_HOME).expanduser()
+
+
+class Home:
+    """Paths and socket addresses under one data directory."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
+        self.root = Path(root).expanduser() if root is not None else default_home()
+
+    def __repr__(self) -> str:
+        return f"Home({str(self.root)!r})"
+
+    def create(self) -> Home:
+        """Create the data directory tree (0700), idempotent."""
+        old = os.umask(0o077)
+        try:
+            for path in (self.root, self.run, self.mailboxes):
+                path.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.chmod(path, 0o700)
+        finally:
+            os.umask(old)
+        return self
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def mailboxes(self) -> Path:
+        return self.root / "mailboxes"
+
+    @property
+    def control_db(self) -> Path:
+        return self.root / "control.db"
+
+    @property
+    def access_rules_file(self) -> Path:
+        return self.root / "access-rules.json"
+
+    @property
+    def config_file(self) -> Path:
+        return self.root / "config.json"
+
+    @property
+    def archive(self) -> Path:
+        return self.root / "archive"
+
+    def index_db(self, shard: int) -> Path:
+        return self.root / f"index-{shard}.db"
+
+    def mailbox(self, endpoint_hash: str) -> Path:
+        return self.mailboxes / endpoint_hash
+
+    # ZeroMQ addresses. ipc:// paths are limited to ~107 bytes by the kernel
+    # (sun_path); `relay router --address tcp://...` is the way out for deep homes.
+    @property
+    def router_address(self) -> str:
+        return f"ipc://{self.run / 'router.sock'}"
+
+    @property
+    def signals_address(self) -> str:
+        return f"ipc://{self.run / 'signals.sock'}"
+
+    @property
+    def results_address(self) -> str:
+        return f"ipc://{self.run / 'results.sock'}"
+
+    def shard_address(self, shard: int) -> str:
+        return f"ipc://{self.run / f'shard-{shard}.sock'}"
+
+    def pid_file(self, name: str) -> Path:
+        return self.run / f"{name}.pid"

@@ -1,0 +1,197 @@
+"""The client protocol, frame by frame: encode and decode only, no I/O.
+
+See docs/protocol.md for the specification this module implements. A request is two
+ZeroMQ frames, ``[MAGIC, msgpack map]``; a reply is ``[MAGIC, msgpack map]``; a pushed
+message is ``[MAGIC, msgpack map, stored message bytes]``. The router decodes with
+`decode_request`, which never raises anything but a `RelayError` subclass, so one
+malformed frame costs one error reply and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from sdk.errors import MalformedFrame, RelayError, UnsupportedVersion, from_code
+
+PROTOCOL_VERSION = 1
+MAGIC = b"RLY1"
+MAGIC_PREFIX = b"RLY"
+# The largest request body the router decodes. Payloads have their own, lower limit
+# (config limits.maxPayloadBytes, 1 MiB by default); this bound stops a client from
+# making the router unpack arbitrarily large or deep structures.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+_UNPACK_LIMITS = {
+    "max_str_len": MAX_BODY_BYTES,
+    "max_bin_len": MAX_BODY_BYTES,
+    "max_array_len": 1_000_000,
+    "max_map_len": 100_000,
+}
+
+OPERATIONS = frozenset(
+    {
+        "hello",
+        "ping",
+        "bye",
+        "publish",
+        "register",
+        "unregister",
+        "endpoints",
+        "subscribe",
+        "unsubscribe",
+        "ack",
+        "nack",
+        "signal",
+        "dead_letters",
+        "purge_dead_letters",
+        "pending",
+        "complete",
+        "fail",
+        "add_rule",
+        "remove_rule",
+        "list_rules",
+        "get_config",
+        "set_config",
+        "status",
+        "trace",
+        "rebuild_index",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    op: str
+    rid: int
+    body: dict[str, Any]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.body.get(name, default)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    rid: int
+    ok: bool
+    result: Any = None
+    error: RelayError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """A message the router pushes to a subscription: header fields plus the file bytes."""
+
+    sub: int
+    id: str
+    endpoint: str
+    data: bytes
+
+
+def packb(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpackb(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, strict_map_key=True, **_UNPACK_LIMITS)
+
+
+def encode_request(op: str, rid: int, **fields: Any) -> list[bytes]:
+    return [MAGIC, packb({"op": op, "rid": rid, **fields})]
+
+
+def _check_magic(frame: bytes) -> None:
+    if frame == MAGIC:
+        return
+    if frame.startswith(MAGIC_PREFIX):
+        raise UnsupportedVersion(
+            f"protocol {frame[len(MAGIC_PREFIX):]!r:.20} is not supported; "
+            f"this broker speaks {MAGIC!r}"
+        )
+    raise MalformedFrame(f"first frame must be {MAGIC!r}, got {frame[:16]!r}")
+
+
+def decode_request(frames: Sequence[bytes]) -> Request:
+    """Parse a client request; raise a RelayError naming what is wrong with it."""
+    if len(frames) != 2:
+        raise MalformedFrame(f"a request has 2 frames, got {len(frames)}")
+    _check_magic(frames[0])
+    if len(frames[1]) > MAX_BODY_BYTES:
+        raise MalformedFrame(
+            f"request body of {len(frames[1])} bytes exceeds the {MAX_BODY_BYTES} byte limit"
+        )
+    try:
+        body = unpackb(frames[1])
+    except Exception as exc:  # msgpack raises many unrelated types on bad input
+        raise MalformedFrame(f"request body is not valid msgpack: {exc}") from None
+    if not isinstance(body, dict):
+        raise MalformedFrame(f"request body must be a map, got {type(body).__name__}")
+    rid = body.pop("rid", None)
+    if not isinstance(rid, int) or isinstance(rid, bool) or not 0 <= rid < 2**63:
+        raise MalformedFrame(f"request field 'rid' must be a non-negative int, got {rid!r:.40}")
+    op = body.pop("op", None)
+    if not isinstance(op, str):
+        raise MalformedFrame(f"request field 'op' must be a string, got {op!r:.40}")
+    return Request(op=op, rid=rid, body=body)
+
+
+def peek_rid(frames: Sequence[bytes]) -> int:
+    """Best-effort request id of a request that failed to decode (0 when unknown)."""
+    try:
+        body = unpackb(frames[1])
+        rid = body.get("rid", 0) if isinstance(body, dict) else 0
+        return rid if isinstance(rid, int) and not isinstance(rid, bool) and rid >= 0 else 0
+    except Exception:
+        return 0
+
+
+def encode_ok(rid: int, result: Any = None) -> list[bytes]:
+    return [MAGIC, packb({"rid": rid, "ok": True, "result": result})]
+
+
+def encode_error(rid: int, error: RelayError) -> list[bytes]:
+    return [MAGIC, packb({"rid": rid, "ok": False, "error": error.to_wire()})]
+
+
+def encode_push(sub: int, message_id: str, endpoint: str, data: bytes) -> list[bytes]:
+    header = packb({"push": "message", "sub": sub, "id": message_id, "endpoint": endpoint})
+    return [MAGIC, header, data]
+
+
+def decode_incoming(frames: Sequence[bytes]) -> Reply | Push:
+    """Parse what a client receives from the router: a reply or a pushed message."""
+    if len(frames) not in (2, 3):
+        raise MalformedFrame(f"expected 2 or 3 frames from the broker, got {len(frames)}")
+    _check_magic(frames[0])
+    try:
+        header = unpackb(frames[1])
+    except Exception as exc:
+        raise MalformedFrame(f"broker frame is not valid msgpack: {exc}") from None
+    if not isinstance(header, dict):
+        raise MalformedFrame("broker frame must be a map")
+    if header.get("push") == "message" and len(frames) == 3:
+        return Push(header["sub"], header["id"], header["endpoint"], frames[2])
+    if header.get("ok"):
+        return Reply(rid=header["rid"], ok=True, result=header.get("result"))
+    err = header.get("error") or {}
+    error = from_code(str(err.get("code", "internal")), str(err.get("message", "")))
+    return Reply(rid=header.get("rid", 0), ok=False, error=error)
+
+
+# Signals travel on the PUB socket as [subject, msgpack signal map]; subscribers filter
+# by the literal prefix of their pattern and then match exactly.
+
+
+def encode_signal(subject: str, signal: dict[str, Any]) -> list[bytes]:
+    return [subject.encode(), packb(signal)]
+
+
+def decode_signal(frames: Sequence[bytes]) -> tuple[str, dict[str, Any]]:
+    if len(frames) != 2:
+        raise MalformedFrame(f"a signal has 2 frames, got {len(frames)}")
+    signal = unpackb(frames[1])
+    if not isinstance(signal, dict):
+        raise MalformedFrame("a signal body must be a map")
+    return frames[0].decode(), signal
