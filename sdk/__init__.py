@@ -1,0 +1,32 @@
+"""Relay's Python SDK: `connect()` to a broker; the types and errors of the protocol."""
+
+from sdk.client import Client, connect
+from sdk.errors import RelayError
+from sdk.types import (
+    AccessRule,
+    Budget,
+    EndpointInfo,
+    Envelope,
+    PublishResult,
+    RuleAction,
+    Signal,
+    SignalType,
+    StandardPayload,
+    default_budget,
+)
+
+__all__ = [
+    "AccessRule",
+    "Budget",
+    "Client",
+    "EndpointInfo",
+    "Envelope",
+    "PublishResult",
+    "RelayError",
+    "RuleAction",
+    "Signal",
+    "SignalType",
+    "StandardPayload",
+    "connect",
+    "default_budget",
+]

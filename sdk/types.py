@@ -558,12 +558,15 @@ class PublishResult:
     mailbox_pressure: Mapping[str, float] = field(
         default_factory=lambda: MappingProxyType({}), hash=False
     )
+    # A sentence per rejected key: "max hops exceeded (5/5)".
+    details: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rejected", tuple(tuple(pair) for pair in self.rejected))
-        if not isinstance(self.mailbox_pressure, MappingProxyType):
-            pressure = MappingProxyType(dict(self.mailbox_pressure))
-            object.__setattr__(self, "mailbox_pressure", pressure)
+        for name in ("mailbox_pressure", "details"):
+            value = getattr(self, name)
+            if not isinstance(value, MappingProxyType):
+                object.__setattr__(self, name, MappingProxyType(dict(value)))
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -571,6 +574,7 @@ class PublishResult:
             "deliveredTo": self.delivered_to,
             "rejected": [list(pair) for pair in self.rejected],
             "mailboxPressure": dict(self.mailbox_pressure),
+            "details": dict(self.details),
         }
 
     @classmethod
@@ -591,9 +595,15 @@ class PublishResult:
             _check(k, str, f"{label} key"): float(_check(v, float, f"{label}.{k}"))
             for k, v in _field(d, "mailboxPressure", dict, path, default={}).items()
         }
+        label = _label(path, "details")
+        details = {
+            _check(k, str, f"{label} key"): _check(v, str, f"{label}.{k}")
+            for k, v in _field(d, "details", dict, path, default={}).items()
+        }
         return cls(
             message_id=check_id(_field(d, "messageId", str, path), _label(path, "messageId")),
             delivered_to=_field(d, "deliveredTo", int, path, minimum=0),
             rejected=tuple(rejected),
             mailbox_pressure=pressure,
+            details=details,
         )

@@ -107,7 +107,7 @@ def _check_magic(frame: bytes) -> None:
         return
     if frame.startswith(MAGIC_PREFIX):
         raise UnsupportedVersion(
-            f"protocol {frame[len(MAGIC_PREFIX):]!r:.20} is not supported; "
+            f"protocol {frame[len(MAGIC_PREFIX) :]!r:.20} is not supported; "
             f"this broker speaks {MAGIC!r}"
         )
     raise MalformedFrame(f"first frame must be {MAGIC!r}, got {frame[:16]!r}")

@@ -34,7 +34,7 @@ def test_request_example_decodes(example):
 
 def test_every_operation_is_documented_with_a_heading_and_an_example():
     documented = {e["op"] for e in examples("request")}
-    assert wire.OPERATIONS <= documented
+    assert documented >= wire.OPERATIONS
     for op in wire.OPERATIONS:
         assert re.search(rf"^### .*\b{op}\b", DOC, re.M), f"no section for {op}"
 

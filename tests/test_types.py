@@ -182,6 +182,7 @@ def test_other_wire_key_sets() -> None:
         "deliveredTo": 2,
         "rejected": [["abcdef012345", "backpressure"]],
         "mailboxPressure": {"abcdef012345": 1.0, "0123456789ab": 0.25},
+        "details": {},
     }
 
 

@@ -62,11 +62,14 @@ def migrate(conn: apsw.Connection, migrations: list[str]) -> None:
     ``migrations[i]`` upgrades a database from version i to version i+1; a list only
     ever grows, so an old database upgrades in place.
     """
-    current = user_version(conn)
-    for version in range(current, len(migrations)):
+    while user_version(conn) < len(migrations):
         with transaction(conn):
-            conn.execute(migrations[version])
-            conn.execute(f"PRAGMA user_version={version + 1}")
+            # Read again under the write lock: another process may have migrated
+            # between our check and our BEGIN IMMEDIATE.
+            version = user_version(conn)
+            if version < len(migrations):
+                conn.execute(migrations[version])
+                conn.execute(f"PRAGMA user_version={version + 1}")
 
 
 def checkpoint_and_close(conn: apsw.Connection) -> None:

@@ -1,0 +1,154 @@
+"""The publish pipeline as a pure function: what to store where, and why not elsewhere.
+
+`plan_publish` runs the per-publish policies in the declared order and returns a
+`PublishPlan`: one `Copy` per target endpoint, each either a delivery into ``new/`` or a
+dead letter into ``failed/`` with its reason. No I/O happens here; the router sends the
+plan to the writers. Order of the checks, per target endpoint:
+
+1. access rule for (sender, target)      -> dead letter ``access_denied``
+2. budget (hops, cycle, TTL, calls)      -> dead letter ``budget_exceeded`` (its code
+                                            says which: hop_limit, cycle_detected, ...)
+
+A publish that matches no endpoint is one dead letter in the ``_unroutable`` mailbox
+with code ``no_match``. The file bytes of each copy are built here, by splicing the
+payload's JSON, encoded once, into each copy's envelope: a fan-out to ten endpoints
+encodes the payload once, not ten times.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from broker.budget import advance, check_budget
+from broker.rules import RuleSet
+from sdk.errors import InvalidMessage, PayloadTooLarge
+from sdk.paths import UNROUTABLE
+from sdk.types import Budget, DeadLetterInfo, EndpointInfo
+
+NO_MATCH_REASON = "no matching endpoints"
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    endpoint: str  # hash, or UNROUTABLE
+    subject: str  # endpoint subject (the published subject for UNROUTABLE)
+    data: bytes  # the message file
+    dead: DeadLetterInfo | None = None  # set when this copy is a dead letter
+
+    @property
+    def rejection(self) -> tuple[str, str] | None:
+        """The (endpoint, reason) a publisher sees for a dead-lettered copy."""
+        if self.dead is None:
+            return None
+        return ("*" if self.endpoint == UNROUTABLE else self.endpoint, self.dead_category)
+
+    @property
+    def dead_category(self) -> str:
+        assert self.dead is not None
+        return _CATEGORY.get(self.dead.code, self.dead.code)
+
+
+# The reasons a PublishResult names are categories; the dead letter keeps the precise code.
+_CATEGORY = {
+    "hop_limit": "budget_exceeded",
+    "cycle_detected": "budget_exceeded",
+    "ttl_expired": "budget_exceeded",
+    "budget_exhausted": "budget_exceeded",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PublishRequest:
+    message_id: str
+    subject: str  # as published; may be a wildcard pattern
+    sender: str
+    reply_to: str | None
+    budget: Budget
+    created_at: int
+    payload: Any
+
+
+@dataclass(frozen=True, slots=True)
+class PublishPlan:
+    copies: tuple[Copy, ...]
+
+    @property
+    def deliveries(self) -> list[Copy]:
+        return [c for c in self.copies if c.dead is None]
+
+
+def encode_payload(payload: Any, max_bytes: int) -> bytes:
+    """The payload's JSON, checked against the size limit (the limit is on this form)."""
+    try:
+        text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise InvalidMessage(f"payload is not JSON-representable: {err}") from None
+    data = text.encode("utf-8")
+    if len(data) > max_bytes:
+        raise PayloadTooLarge(f"payload of {_size(len(data))} exceeds the {_size(max_bytes)} limit")
+    return data
+
+
+def _size(n: int) -> str:
+    if n >= 1024 * 1024:
+        return f"{n / (1024 * 1024):.1f} MiB"
+    if n >= 1024:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n} bytes"
+
+
+def plan_publish(
+    request: PublishRequest,
+    targets: Sequence[EndpointInfo],
+    rules: RuleSet,
+    payload_json: bytes,
+    now_ms: int,
+) -> PublishPlan:
+    """Decide, for each target endpoint, a delivery or a dead letter (see module doc)."""
+    if not targets:
+        dead = DeadLetterInfo(NO_MATCH_REASON, "no_match", now_ms, UNROUTABLE)
+        data = encode_copy(request, request.subject, request.budget, payload_json, dead)
+        return PublishPlan((Copy(UNROUTABLE, request.subject, data, dead),))
+    copies = []
+    for target in targets:
+        dead = None
+        decision = rules.decide(request.sender, target.subject)
+        if not decision.allowed:
+            rule = decision.rule
+            why = f"access denied by rule {rule.from_pattern} -> {rule.to_pattern}" if rule else ""
+            dead = DeadLetterInfo(why or "access denied", "access_denied", now_ms, target.hash)
+        elif (violation := check_budget(request.budget, target.subject, now_ms)) is not None:
+            dead = DeadLetterInfo(violation.reason, violation.code, now_ms, target.hash)
+        budget = request.budget if dead else advance(request.budget, target.subject)
+        data = encode_copy(request, target.subject, budget, payload_json, dead)
+        copies.append(Copy(target.hash, target.subject, data, dead))
+    return PublishPlan(tuple(copies))
+
+
+def _json_str(value: str | None) -> str:
+    return "null" if value is None else json.dumps(value, ensure_ascii=False)
+
+
+def encode_copy(
+    request: PublishRequest,
+    subject: str,
+    budget: Budget,
+    payload_json: bytes,
+    dead: DeadLetterInfo | None = None,
+) -> bytes:
+    """One copy's file: the same JSON as `Envelope.to_json` (plus ``deadLetter``)."""
+    head = (
+        f'{{"id":"{request.message_id}","subject":{_json_str(subject)},'
+        f'"from":{_json_str(request.sender)},"replyTo":{_json_str(request.reply_to)},'
+        f'"budget":{json.dumps(budget.to_wire(), separators=(",", ":"))},'
+        f'"createdAt":{request.created_at},"payload":'
+    )
+    tail = ""
+    if request.subject != subject:
+        tail += f',"publishedTo":{_json_str(request.subject)}'
+    if dead is not None:
+        tail += f',"deadLetter":{json.dumps(dead.to_wire(), ensure_ascii=False)}'
+    return head.encode() + payload_json + (tail + "}").encode()

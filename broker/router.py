@@ -1,0 +1,928 @@
+"""The router process: decides where every message goes; the writers do the I/O.
+
+Sockets (docs/architecture.md has the map): a ROUTER for clients (requests, replies,
+pushed messages), a PUB for signals, one PUSH per shard writer, one PULL for the
+writers' results. One thread, one poll loop; every wait has a deadline.
+
+A publish is answered only when every writer involved has reported its copy durable
+(or failed), so "delivered" in a PublishResult means fsynced and indexed. Work sent to
+a writer that does not answer within `WRITER_DEADLINE_MS` is answered with an
+``unavailable`` error instead of silence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import signal
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from broker import consumers as cons
+from broker.consumers import Consumers, EndpointQueue, Session
+from broker.control import ControlPlane
+from broker.publish import Copy, PublishRequest, encode_payload, plan_publish
+from broker.rules import RuleSet
+from broker.sublist import Sublist
+from sdk import wire
+from sdk.errors import (
+    AccessDenied,
+    EndpointNotFound,
+    InvalidMessage,
+    InvalidState,
+    LimitExceeded,
+    RelayError,
+    Unavailable,
+    UnknownOperation,
+    from_code,
+)
+from sdk.ids import check_id, is_id, new_id
+from sdk.paths import UNROUTABLE, Home
+from sdk.subjects import has_wildcards, validate
+from sdk.types import (
+    AccessRule,
+    Budget,
+    EndpointInfo,
+    Signal,
+    SignalType,
+    default_budget,
+)
+from workers import protocol as proto
+from workers.index import MessageIndex
+from workers.maildir import Mailbox
+from workers.records import MessageRecord, State
+from workers.writer import shard_of
+
+log = logging.getLogger("relay.router")
+
+WRITER_DEADLINE_MS = 10_000
+MAX_INFLIGHT_PER_CLIENT = 1024  # requests awaiting a writer, per client
+POLL_MS = 250
+SERVER_NAME = "relay"
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class Pending:
+    """A client request waiting for writers: a publish, or an operation on N shards."""
+
+    client: bytes
+    rid: int
+    deadline: int
+    remaining: int
+    on_done: Callable[[Pending], Any]  # builds the reply result (or raises RelayError)
+    results: list[Any] = field(default_factory=list)
+    shards: set[int] = field(default_factory=set)
+    error: RelayError | None = None
+
+
+class Router:
+    def __init__(
+        self,
+        home: Home,
+        shards: int,
+        *,
+        address: str | None = None,
+        signals_address: str | None = None,
+        ctx: zmq.Context | None = None,
+    ):
+        if shards < 1:
+            raise ValueError("shards must be >= 1")
+        self.home = home.create()
+        self.shards = shards
+        self.address = address or home.router_address
+        self.signals_address = signals_address or home.signals_address
+        self.ctx = ctx or zmq.Context.instance()
+        self.stopping = False
+
+        self.control = ControlPlane(home.control_db, home.mailboxes)
+        self.config = self.control.get_config()
+        self.rules = RuleSet(self.control.list_rules())
+        self.endpoints: dict[str, EndpointInfo] = {}  # subject -> info
+        self.by_hash: dict[str, EndpointInfo] = {}
+        self.endpoint_trie: Sublist[str] = Sublist()  # concrete subject -> hash
+        self.queues: dict[str, EndpointQueue] = {}
+        self.consumers = Consumers()
+        self.pending: dict[int, Pending] = {}
+        self.writers: dict[int, int] = {}  # shard -> pid, from hello
+        self._tokens = itertools.count(1)
+        # Copies handed to writers, by (token, id, endpoint), until they report them stored.
+        self._inflight_copies: dict[tuple[int, str, str], Copy] = {}
+        self.started_at = now_ms()
+        self._bound: list[str] = []
+
+        self.clients = self._socket(zmq.ROUTER)
+        self.clients.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.clients.setsockopt(zmq.SNDHWM, 100_000)
+        self.signals = self._socket(zmq.PUB)
+        self.to_writers = [self._socket(zmq.PUSH) for _ in range(shards)]
+        for sock in self.to_writers:
+            # Bounded by the per-client in-flight limit; EAGAIN means the writer is gone.
+            sock.setsockopt(zmq.SNDHWM, 100_000)
+        # A writer that goes away is marked down at once (status, readiness).
+        self._writer_monitors = {
+            sock.get_monitor_socket(zmq.EVENT_DISCONNECTED): shard
+            for shard, sock in enumerate(self.to_writers)
+        }
+        self.from_writers = self._socket(zmq.PULL)
+
+    def _socket(self, kind: int) -> zmq.Socket:
+        sock = self.ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        return sock
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        old = os.umask(0o077)  # ipc socket files: owner only
+        try:
+            self._bind(self.clients, self.address)
+            self._bind(self.signals, self.signals_address)
+            self._bind(self.from_writers, self.home.results_address)
+            for shard, sock in enumerate(self.to_writers):
+                self._bind(sock, self.home.shard_address(shard))
+        finally:
+            os.umask(old)
+        for info in self.control.list_endpoints():
+            self._add_endpoint(info)
+        self.queues.setdefault(UNROUTABLE, EndpointQueue())
+        log.info(
+            "router on %s, %d shards, %d endpoints", self.address, self.shards, len(self.endpoints)
+        )
+
+    def _bind(self, sock: zmq.Socket, address: str) -> None:
+        sock.bind(address)
+        self._bound.append(address)
+
+    def _add_endpoint(self, info: EndpointInfo) -> None:
+        Mailbox(self.home.mailbox(info.hash), info.hash).create()
+        self.endpoints[info.subject] = info
+        self.by_hash[info.hash] = info
+        self.endpoint_trie.insert(info.subject, info.hash)
+        if info.hash not in self.queues:
+            # Seed from the Maildir itself (the truth): what waits in new/, oldest first.
+            names = sorted(n for n in os.listdir(self.home.mailbox(info.hash) / "new") if is_id(n))
+            self.queues[info.hash] = EndpointQueue(waiting=deque(names))
+
+    def serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.clients, zmq.POLLIN)
+        poller.register(self.from_writers, zmq.POLLIN)
+        for monitor in self._writer_monitors:
+            poller.register(monitor, zmq.POLLIN)
+        next_sweep = 0
+        while not self.stopping:
+            events = dict(poller.poll(POLL_MS))
+            for monitor, shard in self._writer_monitors.items():
+                if monitor in events:
+                    monitor.recv_multipart()
+                    log.warning("writer for shard %d disconnected", shard)
+                    self.writers.pop(shard, None)
+            if self.from_writers in events:
+                self._drain(self.from_writers, self._on_writer)
+            if self.clients in events:
+                self._drain(self.clients, self._on_client)
+            now = now_ms()
+            if now >= next_sweep:
+                self._sweep(now)
+                next_sweep = now + POLL_MS
+
+    @staticmethod
+    def _drain(sock: zmq.Socket, handle: Callable[[list[bytes]], None], limit: int = 1000) -> None:
+        for _ in range(limit):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            handle(frames)
+
+    def close(self) -> None:
+        self.control.close()
+        for sock in self.to_writers:
+            sock.disable_monitor()
+        for sock in (
+            *self._writer_monitors,
+            self.clients,
+            self.signals,
+            self.from_writers,
+            *self.to_writers,
+        ):
+            sock.close(0)
+        self.ctx.term()
+        for address in self._bound:  # libzmq leaves ipc socket files behind
+            if address.startswith("ipc://"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(address[len("ipc://") :])
+
+    def _sweep(self, now: int) -> None:
+        for token, job in list(self.pending.items()):
+            if job.deadline > now:
+                break  # insertion order is deadline order
+            del self.pending[token]
+            shards = ", ".join(str(s) for s in sorted(job.shards)) or "?"
+            self._reply_error(
+                job.client,
+                job.rid,
+                Unavailable(
+                    f"writer for shard {shards} did not confirm within "
+                    f"{WRITER_DEADLINE_MS / 1000:g} s; is it running?"
+                ),
+            )
+        for identity in self.consumers.expired(now):
+            log.info(
+                "client %s silent for %d ms: session ended", identity.hex(), cons.SESSION_TIMEOUT_MS
+            )
+            self._end_session(identity)
+
+    # ------------------------------------------------------------------ client side
+
+    def _on_client(self, frames: list[bytes]) -> None:
+        identity, body = frames[0], frames[1:]
+        try:
+            request = wire.decode_request(body)
+        except RelayError as exc:
+            self._reply_error(identity, wire.peek_rid(body), exc)
+            return
+        session = self.consumers.touch(identity, now_ms())
+        handler = self._ops.get(request.op)
+        try:
+            if handler is None:
+                raise UnknownOperation(f"unknown operation {request.op!r:.60}")
+            result = handler(self, session, request)
+        except RelayError as exc:
+            self._reply_error(identity, request.rid, exc)
+            return
+        except Exception as exc:  # a bug here must cost one reply, not the router
+            log.exception("operation %s failed", request.op)
+            self._reply_error(identity, request.rid, RelayError(f"internal error: {exc}"))
+            return
+        if result is not _DEFERRED:
+            self._send(identity, wire.encode_ok(request.rid, result))
+
+    def _send(self, identity: bytes, frames: list[bytes]) -> bool:
+        try:
+            self.clients.send_multipart([identity, *frames], zmq.NOBLOCK, copy=False)
+            return True
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: the client is gone; EAGAIN: not reading
+            log.info("client %s unreachable (%s): session ended", identity.hex(), exc)
+            self._end_session(identity)
+            return False
+
+    def _reply_error(self, identity: bytes, rid: int, error: RelayError) -> None:
+        self._send(identity, wire.encode_error(rid, error))
+
+    def _end_session(self, identity: bytes) -> None:
+        self.consumers.end_session(identity)
+
+    # ------------------------------------------------------------------ operations
+
+    def _op_hello(self, session: Session, req: wire.Request) -> Any:
+        return {
+            "server": SERVER_NAME,
+            "version": wire.PROTOCOL_VERSION,
+            "signals": self.signals_address,
+            "shards": self.shards,
+            "limits": dict(self.config["limits"]),
+        }
+
+    def _op_ping(self, session: Session, req: wire.Request) -> Any:
+        return {"now": now_ms()}
+
+    def _op_bye(self, session: Session, req: wire.Request) -> Any:
+        self._end_session(session.identity)
+        return {}
+
+    def _op_publish(self, session: Session, req: wire.Request) -> Any:
+        now = now_ms()
+        limits = self.config["limits"]
+        subject = validate(_str(req, "subject"), wildcards=True)
+        sender = validate(_str(req, "from"))
+        reply_to = req.get("replyTo")
+        if reply_to is not None:
+            reply_to = validate(_str(req, "replyTo"))
+        if "payload" not in req.body:
+            raise InvalidMessage("request field 'payload' is missing")
+        payload_json = encode_payload(req.get("payload"), limits["maxPayloadBytes"])
+        raw_budget = req.get("budget")
+        budget = default_budget(now) if raw_budget is None else Budget.from_wire(raw_budget)
+        message_id = new_id(now)
+        request = PublishRequest(message_id, subject, sender, reply_to, budget, now, payload_json)
+        plan = plan_publish(request, self._targets(subject), self.rules, payload_json, now)
+        self._check_inflight(session)
+
+        def finish(job: Pending) -> dict[str, Any]:
+            delivered, rejected, details = 0, [], {}
+            for copy, outcome in job.results:
+                if copy.dead is not None:
+                    endpoint, reason = copy.rejection
+                    rejected.append([endpoint, reason])
+                    details[endpoint] = copy.dead.reason
+                elif outcome is None:
+                    delivered += 1
+                else:
+                    rejected.append([copy.endpoint, "storage_error"])
+                    details[copy.endpoint] = outcome
+            return {
+                "messageId": message_id,
+                "deliveredTo": delivered,
+                "rejected": rejected,
+                "mailboxPressure": self._pressure(
+                    c.endpoint for c, _ in job.results if c.endpoint != UNROUTABLE
+                ),
+                "details": details,
+            }
+
+        job = self._new_job(session, req, len(plan.copies), finish)
+        token = job_token = self._register(job)
+        for copy in plan.copies:
+            shard = shard_of(copy.endpoint, self.shards)
+            job.shards.add(shard)
+            frames = proto.deliver(
+                token,
+                message_id,
+                copy.endpoint,
+                copy.subject,
+                sender,
+                now,
+                copy.data,
+                target=proto.TARGET_FAILED if copy.dead else proto.TARGET_NEW,
+                reason=copy.dead.reason if copy.dead else None,
+                code=copy.dead.code if copy.dead else None,
+                failed_at=copy.dead.failed_at if copy.dead else None,
+            )
+            if not self._to_writer(shard, frames):
+                self.pending.pop(job_token, None)
+                raise Unavailable(f"writer for shard {shard} is not running")
+            self._inflight_copies[(token, message_id, copy.endpoint)] = copy
+        return _DEFERRED
+
+    def _targets(self, subject: str) -> list[EndpointInfo]:
+        if has_wildcards(subject):
+            hashes = self.endpoint_trie.reverse_match(subject)
+            return sorted((self.by_hash[h] for h in hashes), key=lambda e: e.subject)
+        info = self.endpoints.get(subject)
+        return [info] if info else []
+
+    def _pressure(self, endpoints: Any) -> dict[str, float]:
+        limit = self.config["backpressure"]["maxMailboxSize"]
+        return {
+            e: min(1.0, self.queues[e].depth / limit) if e in self.queues else 0.0
+            for e in endpoints
+        }
+
+    def _check_inflight(self, session: Session) -> None:
+        mine = sum(1 for job in self.pending.values() if job.client == session.identity)
+        if mine >= MAX_INFLIGHT_PER_CLIENT:
+            raise LimitExceeded(
+                f"{mine} requests already in flight from this client; "
+                f"the limit is {MAX_INFLIGHT_PER_CLIENT}"
+            )
+
+    def _new_job(
+        self, session: Session, req: wire.Request, remaining: int, on_done: Callable[[Pending], Any]
+    ) -> Pending:
+        return Pending(session.identity, req.rid, now_ms() + WRITER_DEADLINE_MS, remaining, on_done)
+
+    def _register(self, job: Pending) -> int:
+        token = next(self._tokens)
+        self.pending[token] = job
+        return token
+
+    def _to_writer(self, shard: int, frames: list[bytes]) -> bool:
+        try:
+            self.to_writers[shard].send_multipart(frames, zmq.NOBLOCK, copy=False)
+            return True
+        except zmq.Again:
+            return False
+
+    def _writer_op(
+        self,
+        session: Session,
+        req: wire.Request,
+        shards: list[int],
+        name: str,
+        on_done: Callable[[Pending], Any],
+        **args: Any,
+    ) -> Any:
+        """Send one operation to several writers; reply when all have answered."""
+        job = self._new_job(session, req, len(shards), on_done)
+        token = self._register(job)
+        for shard in shards:
+            job.shards.add(shard)
+            if not self._to_writer(shard, proto.op(token, name, **args)):
+                self.pending.pop(token, None)
+                raise Unavailable(f"writer for shard {shard} is not running")
+        return _DEFERRED
+
+    def _op_register(self, session: Session, req: wire.Request) -> Any:
+        subject = validate(_str(req, "subject"))
+        info = self.control.register_endpoint(subject, now_ms())
+        if subject not in self.endpoints:
+            self._add_endpoint(info)
+            shard = shard_of(info.hash, self.shards)
+            self._to_writer(shard, proto.op(0, "watch", endpoint=info.hash, subject=subject))
+        return info.to_wire()
+
+    def _op_unregister(self, session: Session, req: wire.Request) -> Any:
+        subject = validate(_str(req, "subject"))
+        removed = self.control.unregister_endpoint(subject)
+        info = self.endpoints.pop(subject, None)
+        if info is not None:
+            self.by_hash.pop(info.hash, None)
+            self.endpoint_trie.remove(subject, info.hash)
+        # The mailbox and everything in it stays: unread mail and dead letters are kept.
+        return {"removed": removed}
+
+    def _op_endpoints(self, session: Session, req: wire.Request) -> Any:
+        return {
+            "endpoints": [
+                self._endpoint_status(info)
+                for info in sorted(self.endpoints.values(), key=lambda e: e.subject)
+            ]
+        }
+
+    def _endpoint_status(self, info: EndpointInfo) -> dict[str, Any]:
+        queue = self.queues.get(info.hash)
+        return {**info.to_wire(), "depth": queue.depth if queue else 0}
+
+    def _op_subscribe(self, session: Session, req: wire.Request) -> Any:
+        limits = self.config["limits"]
+        pattern = validate(_str(req, "pattern"), wildcards=True)
+        mode = req.get("mode", cons.CONSUME)
+        if mode not in (cons.CONSUME, cons.OBSERVE):
+            raise InvalidMessage(
+                f"request field 'mode' must be 'consume' or 'observe', got {mode!r:.40}"
+            )
+        credit = req.get("credit", limits["defaultCredit"])
+        if not isinstance(credit, int) or isinstance(credit, bool) or credit < 1:
+            raise InvalidMessage(f"request field 'credit' must be a positive int, got {credit!r}")
+        if credit > limits["maxCredit"]:
+            raise LimitExceeded(f"credit {credit} exceeds the maximum of {limits['maxCredit']}")
+        if len(session.subs) >= limits["maxSubscriptionsPerClient"]:
+            raise LimitExceeded(
+                f"this client already has {len(session.subs)} subscriptions; "
+                f"the limit is {limits['maxSubscriptionsPerClient']}"
+            )
+        sub = self.consumers.subscribe(session.identity, pattern, mode, credit, now_ms())
+        if mode == cons.CONSUME:
+            # The reply goes out first, then the backlog (pushes follow in order).
+            self._send(session.identity, wire.encode_ok(req.rid, {"sub": sub.id}))
+            for endpoint in sorted(self._endpoints_matching(pattern)):
+                self._dispatch(endpoint)
+            return _DEFERRED
+        return {"sub": sub.id}
+
+    def _endpoints_matching(self, pattern: str) -> set[str]:
+        if has_wildcards(pattern):
+            return set(self.endpoint_trie.reverse_match(pattern))
+        info = self.endpoints.get(pattern)
+        return {info.hash} if info else set()
+
+    def _op_unsubscribe(self, session: Session, req: wire.Request) -> Any:
+        sub_id = req.get("sub")
+        sub = self.consumers.subs.get(sub_id)
+        if sub is None or sub.client != session.identity:
+            raise InvalidState(f"no subscription {sub_id!r:.20} on this connection")
+        self.consumers.unsubscribe(sub_id)
+        return {}
+
+    def _settle(self, session: Session, req: wire.Request, name: str, **args: Any) -> Any:
+        message_id = check_id(req.get("id"))
+        endpoint = _str(req, "endpoint")
+        sender = self.consumers.settled(session.identity, message_id, endpoint)
+        if sender is None:
+            raise InvalidState(
+                f"message {message_id} of endpoint {endpoint} is not held by "
+                "this connection (already acknowledged, or never delivered)"
+            )
+
+        def finish(job: Pending) -> Any:
+            if name == "done":
+                self._delivery_receipt(message_id, endpoint, sender)
+            self._dispatch(endpoint)  # the credit given back may take the next message
+            return job.results[0]
+
+        shard = shard_of(endpoint, self.shards)
+        return self._writer_op(
+            session, req, [shard], name, finish, id=message_id, endpoint=endpoint, **args
+        )
+
+    def _op_ack(self, session: Session, req: wire.Request) -> Any:
+        return self._settle(session, req, "done")
+
+    def _op_nack(self, session: Session, req: wire.Request) -> Any:
+        reason = req.get("reason") or "rejected by consumer"
+        if not isinstance(reason, str):
+            raise InvalidMessage("request field 'reason' must be a string")
+        return self._settle(session, req, "fail", reason=reason[:1000], code="nack")
+
+    def _delivery_receipt(self, message_id: str, endpoint: str, sender: str) -> None:
+        """Tell the publisher, on its own subject, that a consumer finished its message."""
+        info = self.by_hash.get(endpoint)
+        if info is None or not sender:
+            return
+        signal_ = Signal(
+            SignalType.DELIVERY_RECEIPT,
+            "done",
+            info.subject,
+            now_ms(),
+            {"messageId": message_id, "endpoint": endpoint},
+        )
+        self.signals.send_multipart(wire.encode_signal(sender, signal_.to_wire()))
+
+    def _op_signal(self, session: Session, req: wire.Request) -> Any:
+        subject = validate(_str(req, "subject"))
+        signal_ = Signal.from_wire(req.get("signal"))
+        sender = req.get("from")
+        if sender is not None:
+            decision = self.rules.decide(validate(_str(req, "from")), subject)
+            if not decision.allowed:
+                raise AccessDenied(f"signals from {sender} to {subject} are denied by a rule")
+        self.signals.send_multipart(wire.encode_signal(subject, signal_.to_wire()))
+        return {}
+
+    def _op_dead_letters(self, session: Session, req: wire.Request) -> Any:
+        endpoint = self._endpoint_arg(req)
+        limit = _limit(req)
+        records = self._query(state=State.FAILED, endpoint=endpoint, limit=limit)
+        return {"items": [self._with_file(r) for r in records]}
+
+    def _op_purge_dead_letters(self, session: Session, req: wire.Request) -> Any:
+        endpoint = self._endpoint_arg(req)
+        shards = [shard_of(endpoint, self.shards)] if endpoint else list(range(self.shards))
+        return self._writer_op(
+            session,
+            req,
+            shards,
+            "purge",
+            lambda job: {"purged": sum(r["purged"] for r in job.results)},
+            endpoint=endpoint,
+        )
+
+    def _op_pending(self, session: Session, req: wire.Request) -> Any:
+        info = self._endpoint(req)
+        records = self._query(state=State.CLAIMED, endpoint=info.hash, limit=_limit(req))
+        return {"items": [self._with_file(r) for r in records]}
+
+    def _op_complete(self, session: Session, req: wire.Request) -> Any:
+        return self._operator_settle(session, req, "done")
+
+    def _op_fail(self, session: Session, req: wire.Request) -> Any:
+        reason = req.get("reason") or "failed by operator"
+        return self._operator_settle(
+            session, req, "fail", reason=str(reason)[:1000], code="operator"
+        )
+
+    def _operator_settle(self, session: Session, req: wire.Request, name: str, **args: Any) -> Any:
+        """An operator finishes a pending (claimed, unacknowledged) message."""
+        message_id = check_id(req.get("id"))
+        endpoint = _str(req, "endpoint")
+        for other in self.consumers.sessions.values():
+            if other.unacked.pop((message_id, endpoint), None) is not None:
+                break
+        shard = shard_of(endpoint, self.shards)
+        return self._writer_op(
+            session,
+            req,
+            [shard],
+            name,
+            lambda job: job.results[0],
+            id=message_id,
+            endpoint=endpoint,
+            **args,
+        )
+
+    def _op_add_rule(self, session: Session, req: wire.Request) -> Any:
+        rule = self.control.add_rule(AccessRule.from_wire(req.get("rule")))
+        self.rules = RuleSet(self.control.list_rules())
+        return rule.to_wire()
+
+    def _op_remove_rule(self, session: Session, req: wire.Request) -> Any:
+        removed = self.control.remove_rule(_str(req, "from"), _str(req, "to"))
+        self.rules = RuleSet(self.control.list_rules())
+        return {"removed": removed}
+
+    def _op_list_rules(self, session: Session, req: wire.Request) -> Any:
+        return {"rules": [r.to_wire() for r in self.rules.rules]}
+
+    def _op_get_config(self, session: Session, req: wire.Request) -> Any:
+        return self.config
+
+    def _op_set_config(self, session: Session, req: wire.Request) -> Any:
+        partial = req.get("config")
+        if not isinstance(partial, dict):
+            raise InvalidMessage("request field 'config' must be a map")
+        self.config = self.control.set_config(partial)
+        return self.config
+
+    def _op_status(self, session: Session, req: wire.Request) -> Any:
+        return {
+            "router": {
+                "pid": os.getpid(),
+                "startedAt": self.started_at,
+                "address": self.address,
+                "signals": self.signals_address,
+            },
+            "shards": self.shards,
+            "writers": [{"shard": s, "pid": self.writers.get(s)} for s in range(self.shards)],
+            "clients": len(self.consumers.sessions),
+            "subscriptions": len(self.consumers.subs),
+            "pendingRequests": len(self.pending),
+            "endpoints": [
+                self._endpoint_status(i)
+                for i in sorted(self.endpoints.values(), key=lambda e: e.subject)
+            ],
+            "unroutable": self._count(State.FAILED, UNROUTABLE),
+        }
+
+    def _op_trace(self, session: Session, req: wire.Request) -> Any:
+        message_id = check_id(req.get("id"))
+        copies = []
+        with self._shard_indexes() as indexes:
+            for index in indexes:
+                copies.extend(index.get(message_id))
+        return {
+            "id": message_id,
+            "copies": [self._record_wire(r) for r in sorted(copies, key=lambda r: r.endpoint)],
+        }
+
+    def _op_rebuild_index(self, session: Session, req: wire.Request) -> Any:
+        return self._writer_op(
+            session,
+            req,
+            list(range(self.shards)),
+            "rebuild",
+            lambda job: {"messages": sum(r["messages"] for r in job.results)},
+        )
+
+    _ops: dict[str, Callable[[Router, Session, wire.Request], Any]] = {}
+
+    # ------------------------------------------------------------------ queries
+
+    @contextlib.contextmanager
+    def _shard_indexes(self, endpoint: str | None = None) -> Iterator[list[MessageIndex]]:
+        """The shards' indexes, opened read-only for one query (their writers own them).
+
+        Not kept open: a reader that stays would stop a writer's checkpoint at shutdown
+        from truncating its WAL. Opening costs ~0.1 ms; queries are operator requests.
+        """
+        shards = [shard_of(endpoint, self.shards)] if endpoint else range(self.shards)
+        paths = [p for p in map(self.home.index_db, shards) if p.exists()]
+        indexes = [MessageIndex(p, readonly=True) for p in paths]
+        try:
+            yield indexes
+        finally:
+            for index in indexes:
+                index.close()
+
+    def _count(self, state: State, endpoint: str) -> int:
+        with self._shard_indexes(endpoint) as indexes:
+            return sum(i.count(endpoint=endpoint, state=state) for i in indexes)
+
+    def _query(self, *, state: State, endpoint: str | None, limit: int) -> list[MessageRecord]:
+        found: list[MessageRecord] = []
+        with self._shard_indexes(endpoint) as indexes:
+            for index in indexes:
+                records, _ = index.query(state=state.value, endpoint=endpoint, limit=limit)
+                found.extend(records)
+        found.sort(key=lambda r: (r.id, r.endpoint))
+        return found[:limit]
+
+    def _record_wire(self, record: MessageRecord) -> dict[str, Any]:
+        info = self.by_hash.get(record.endpoint)
+        return {
+            "id": record.id,
+            "endpoint": record.endpoint,
+            "subject": record.subject,
+            "endpointSubject": info.subject if info else None,
+            "from": record.sender,
+            "state": record.state.value,
+            "createdAt": record.created_at,
+            "storedAt": record.stored_at,
+            "claimedAt": record.claimed_at,
+            "finishedAt": record.finished_at,
+            "reason": record.reason,
+            "code": record.reason_code,
+            "size": record.size,
+        }
+
+    def _with_file(self, record: MessageRecord) -> dict[str, Any]:
+        wire_record = self._record_wire(record)
+        mailbox = Mailbox(self.home.mailbox(record.endpoint), record.endpoint)
+        with contextlib.suppress(RelayError, OSError, ValueError):
+            _, data = mailbox.read(record.id)
+            wire_record["envelope"] = json.loads(data)
+        return wire_record
+
+    def _endpoint_arg(self, req: wire.Request) -> str | None:
+        endpoint = req.get("endpoint")
+        if endpoint is None:
+            return None
+        if endpoint == UNROUTABLE or endpoint in self.by_hash:
+            return endpoint
+        info = self.endpoints.get(endpoint) if isinstance(endpoint, str) else None
+        if info is None:
+            raise EndpointNotFound(f"no endpoint {endpoint!r:.80} (give a subject or a hash)")
+        return info.hash
+
+    def _endpoint(self, req: wire.Request) -> EndpointInfo:
+        subject = validate(_str(req, "subject"))
+        info = self.endpoints.get(subject)
+        if info is None:
+            raise EndpointNotFound(f"endpoint {subject} is not registered")
+        return info
+
+    # ------------------------------------------------------------------ writer side
+
+    def _on_writer(self, frames: list[bytes]) -> None:
+        try:
+            kind, header, data = proto.decode(frames)
+        except Exception:
+            log.exception("undecodable frames from a writer dropped")
+            return
+        if kind == proto.STORED:
+            for token, message_id, endpoint, stored_at, code, message in header:
+                self._on_stored(token, message_id, endpoint, stored_at, code, message)
+        elif kind == proto.CLAIMED:
+            self._on_claimed(*header, data)
+        elif kind == proto.INGESTED:
+            message_id, endpoint = header
+            self._on_new_message(message_id, endpoint, data)
+        elif kind == proto.REPLY:
+            self._on_reply(*header)
+        elif kind == proto.HELLO:
+            shard, shards, pid = header
+            self.writers[shard] = pid
+            log.info("writer for shard %d/%d is up (pid %d)", shard, shards, pid)
+            for endpoint in list(self.queues):
+                if shard_of(endpoint, self.shards) == shard:
+                    self._dispatch(endpoint)
+
+    def _on_stored(
+        self,
+        token: int,
+        message_id: str,
+        endpoint: str,
+        stored_at: int | None,
+        code: str | None,
+        message: str | None,
+    ) -> None:
+        copy = self._inflight_copies.pop((token, message_id, endpoint), None)
+        job = self.pending.get(token)
+        if stored_at is not None and copy is not None and copy.dead is None:
+            self._on_new_message(message_id, endpoint, copy.data)
+        if job is None or copy is None:
+            return  # the publisher already had its answer (deadline passed)
+        job.results.append((copy, None if stored_at is not None else f"{code}: {message}"))
+        self._progress(token, job)
+
+    def _on_new_message(self, message_id: str, endpoint: str, data: bytes) -> None:
+        """A message is durable in new/: show it to observers, hand it to a consumer."""
+        info = self.by_hash.get(endpoint)
+        queue = self.queues.setdefault(endpoint, EndpointQueue())
+        queue.waiting.append(message_id)
+        if info is None:
+            return
+        for sub in self.consumers.observers(info.subject):
+            self._send(sub.client, wire.encode_push(sub.id, message_id, endpoint, data))
+        self._dispatch(endpoint)
+
+    def _dispatch(self, endpoint: str) -> None:
+        info = self.by_hash.get(endpoint)
+        queue = self.queues.get(endpoint)
+        if info is None or queue is None:
+            return
+        shard = shard_of(endpoint, self.shards)
+        while queue.waiting:
+            sub = self.consumers.pick_consumer(info.subject)
+            if sub is None:
+                return
+            message_id = queue.waiting.popleft()
+            if not self._to_writer(shard, proto.claim(sub.id, message_id, endpoint)):
+                queue.waiting.appendleft(message_id)
+                return
+            queue.claiming += 1
+            sub.inflight += 1
+
+    def _on_claimed(
+        self,
+        sub_id: int,
+        message_id: str,
+        endpoint: str,
+        code: str | None,
+        message: str | None,
+        data: bytes | None,
+    ) -> None:
+        queue = self.queues.get(endpoint)
+        if queue is not None:
+            queue.claiming = max(0, queue.claiming - 1)
+        sub = self.consumers.subs.get(sub_id)
+        if code is not None:
+            if code != "already_claimed":
+                log.warning("claim of %s/%s failed: %s %s", endpoint, message_id, code, message)
+            if sub is not None:
+                sub.inflight -= 1
+            self._dispatch(endpoint)
+            return
+        if sub is None:
+            # The subscriber left while the claim was in flight: put the message back.
+            self._to_writer(
+                shard_of(endpoint, self.shards),
+                proto.op(0, "requeue", id=message_id, endpoint=endpoint),
+            )
+            return
+        self.consumers.handed_out(sub, message_id, endpoint, _sender_of(data or b""))
+        self._send(sub.client, wire.encode_push(sub.id, message_id, endpoint, data or b""))
+
+    def _on_reply(self, token: int, ok: bool, result: Any) -> None:
+        if token == 0:  # an operation of the router's own: watch, requeue
+            if not ok:
+                log.warning("writer operation failed: %s", result)
+            elif result.get("state") == "new":  # requeued: first in line again
+                self.queues.setdefault(result["endpoint"], EndpointQueue()).waiting.appendleft(
+                    result["id"]
+                )
+                self._dispatch(result["endpoint"])
+            return
+        job = self.pending.get(token)
+        if job is None:
+            return
+        if ok:
+            job.results.append(result)
+        else:
+            job.error = from_code(result.get("code", "internal"), result.get("message", ""))
+        self._progress(token, job)
+
+    def _progress(self, token: int, job: Pending) -> None:
+        job.remaining -= 1
+        if job.remaining > 0:
+            return
+        del self.pending[token]
+        try:
+            if job.error is not None:
+                raise job.error
+            result = job.on_done(job)
+        except RelayError as exc:
+            self._reply_error(job.client, job.rid, exc)
+            return
+        self._send(job.client, wire.encode_ok(job.rid, result))
+
+
+_DEFERRED = object()  # the reply is sent later, when the writers have answered
+
+Router._ops = {name[4:]: func for name, func in vars(Router).items() if name.startswith("_op_")}
+
+
+def _sender_of(data: bytes) -> str:
+    try:
+        sender = json.loads(data).get("from")
+    except (ValueError, AttributeError):
+        return ""
+    return sender if isinstance(sender, str) else ""
+
+
+def _str(req: wire.Request, name: str) -> str:
+    value = req.get(name)
+    if not isinstance(value, str):
+        raise InvalidMessage(f"request field {name!r} must be a string, got {value!r:.40}")
+    return value
+
+
+def _limit(req: wire.Request, default: int = 100, maximum: int = 1000) -> int:
+    limit = req.get("limit", default)
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= maximum:
+        raise InvalidMessage(f"request field 'limit' must be an int in 1..{maximum}")
+    return limit
+
+
+def main(
+    home: Home, shards: int, *, address: str | None = None, signals_address: str | None = None
+) -> int:
+    router = Router(home, shards, address=address, signals_address=signals_address)
+
+    def stop(signum: int, _frame: object) -> None:
+        router.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    pid_file = home.pid_file("router")
+    try:
+        router.start()
+        pid_file.write_text(str(os.getpid()))
+        router.serve()
+    finally:
+        router.close()
+        with contextlib.suppress(FileNotFoundError):
+            pid_file.unlink()
+    return 0

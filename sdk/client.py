@@ -1,0 +1,506 @@
+"""The Python client: `connect()` returns a `Client` speaking docs/protocol.md.
+
+Threads: one I/O thread owns the ZeroMQ sockets (a DEALER to the router, a SUB for
+signals); calling threads hand it requests through an inproc socket and wait on a
+future with a deadline. Each subscription's handler runs on its own thread, in the
+order messages arrive, off the socket thread: a slow handler never blocks replies, and
+an exception in a handler nacks that message (the reason is the exception) instead of
+killing the client. While it has subscriptions the client pings once a second so the
+router knows it is alive (a silent client's subscriptions end after 5 s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from sdk import subjects, wire
+from sdk.errors import InvalidMessage, RelayError, Timeout, Unavailable
+from sdk.paths import Home
+from sdk.types import (
+    AccessRule,
+    Budget,
+    EndpointInfo,
+    Envelope,
+    PublishResult,
+    Signal,
+    StandardPayload,
+)
+
+log = logging.getLogger("relay.client")
+
+DEFAULT_TIMEOUT = 10.0
+HEARTBEAT_S = 1.0
+Handler = Callable[[Envelope], Any]
+_client_numbers = itertools.count(1)  # names each client's inproc socket uniquely
+SignalHandler = Callable[[str, Signal], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A message pushed to a subscription, before it is parsed."""
+
+    sub: int
+    id: str
+    endpoint: str
+    data: bytes
+
+
+class Client:
+    """A connection to a Relay broker. Thread-safe; use as a context manager."""
+
+    def __init__(
+        self, address: str, *, timeout: float = DEFAULT_TIMEOUT, ctx: zmq.Context | None = None
+    ) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._ctx = ctx or zmq.Context.instance()
+        self._rids = itertools.count(1)
+        self._futures: dict[int, Future] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._subs: dict[int, _SubscriptionWorker] = {}
+        self._pending_subs: dict[int, _SubscriptionWorker] = {}  # by subscribe request id
+        self._signal_handlers: dict[int, tuple[str, SignalHandler]] = {}
+        self._signal_ids = itertools.count(1)
+        self._outbox_addr = f"inproc://relay-client-{next(_client_numbers)}"
+        self._outbox_in = self._ctx.socket(zmq.PULL)
+        self._outbox_in.bind(self._outbox_addr)
+        self._outbox = self._ctx.socket(zmq.PUSH)
+        self._outbox.setsockopt(zmq.LINGER, 0)
+        self._outbox.connect(self._outbox_addr)
+        self._signal_queue: queue.Queue = queue.Queue()
+        self._io = threading.Thread(target=self._io_loop, name="relay-client-io", daemon=True)
+        self._io_ready = threading.Event()
+        self._io.start()
+        self._io_ready.wait(5)
+        try:
+            self.server = self._call("hello", client=f"python-sdk/{os.getpid()}")
+        except Timeout:
+            self.close()
+            raise Unavailable(
+                f"broker unavailable at {address}: no answer within {timeout:g} s "
+                "(is `relay up` running for this home?)"
+            ) from None
+        self._signals_thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _io_loop(self) -> None:
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(self.address)
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        self._sub_socket = sub
+        poller = zmq.Poller()
+        poller.register(dealer, zmq.POLLIN)
+        poller.register(self._outbox_in, zmq.POLLIN)
+        poller.register(sub, zmq.POLLIN)
+        self._io_ready.set()
+        next_ping = time.monotonic() + HEARTBEAT_S
+        try:
+            while not self._closed:
+                for sock, _ in poller.poll(200):
+                    if sock is self._outbox_in:
+                        self._forward(self._outbox_in, dealer, sub)
+                    elif sock is dealer:
+                        self._receive(dealer)
+                    else:
+                        self._receive_signals(sub)
+                if self._subs and time.monotonic() >= next_ping:
+                    dealer.send_multipart(wire.encode_request("ping", 0))
+                    next_ping = time.monotonic() + HEARTBEAT_S
+        finally:
+            dealer.close(0)
+            sub.close(0)
+            self._outbox_in.close(0)
+
+    def _forward(self, outbox: zmq.Socket, dealer: zmq.Socket, sub: zmq.Socket) -> None:
+        while True:
+            try:
+                frames = outbox.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            kind = frames[0].bytes
+            if kind == b"R":  # a request
+                dealer.send_multipart(frames[1:], copy=False)
+            elif kind == b"C":  # connect the signal socket
+                sub.connect(frames[1].bytes.decode())
+            elif kind == b"S":  # subscribe the signal socket to a prefix
+                sub.setsockopt(zmq.SUBSCRIBE, frames[1].bytes)
+
+    def _receive(self, dealer: zmq.Socket) -> None:
+        while True:
+            try:
+                frames = dealer.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                incoming = wire.decode_incoming(frames)
+            except RelayError:
+                log.warning("undecodable frames from the broker dropped")
+                continue
+            if isinstance(incoming, wire.Push):
+                worker = self._subs.get(incoming.sub)
+                if worker is not None:
+                    worker.queue.put(
+                        Delivery(incoming.sub, incoming.id, incoming.endpoint, incoming.data)
+                    )
+                continue
+            future = self._futures.pop(incoming.rid, None)
+            if future is None:
+                continue
+            worker = self._pending_subs.pop(incoming.rid, None)
+            if worker is not None and incoming.ok:
+                # Registered here, on the I/O thread, before the backlog pushes that
+                # follow the reply are read.
+                worker.sub = incoming.result["sub"]
+                self._subs[worker.sub] = worker
+                worker.start()
+            if incoming.ok:
+                future.set_result(incoming.result)
+            else:
+                future.set_exception(incoming.error)
+
+    def _receive_signals(self, sub: zmq.Socket) -> None:
+        while True:
+            try:
+                frames = sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._signal_queue.put(frames)
+
+    def request(
+        self, op: str, *, before_send: _SubscriptionWorker | None = None, **fields: Any
+    ) -> Future:
+        """Send one request; the future holds the result or the typed error."""
+        if self._closed:
+            raise Unavailable("client is closed")
+        rid = next(self._rids)
+        future: Future = Future()
+        self._futures[rid] = future
+        if before_send is not None:
+            self._pending_subs[rid] = before_send
+        frames = wire.encode_request(op, rid, **fields)
+        with self._lock:
+            self._outbox.send_multipart([b"R", *frames])
+        return future
+
+    def _call(self, op: str, *, timeout: float | None = None, **fields: Any) -> Any:
+        future = self.request(op, **fields)
+        limit = self.timeout if timeout is None else timeout
+        try:
+            return future.result(limit)
+        except FutureTimeout:
+            raise Timeout(f"no reply to {op!r} from the broker within {limit:g} s") from None
+
+    # ------------------------------------------------------------------ endpoints
+
+    def register_endpoint(self, subject: str) -> EndpointInfo:
+        return EndpointInfo.from_wire(self._call("register", subject=subjects.validate(subject)))
+
+    def unregister_endpoint(self, subject: str) -> bool:
+        return bool(self._call("unregister", subject=subjects.validate(subject))["removed"])
+
+    def list_endpoints(self) -> list[EndpointInfo]:
+        return [
+            EndpointInfo.from_wire({k: v for k, v in e.items() if k != "depth"})
+            for e in self._call("endpoints")["endpoints"]
+        ]
+
+    # ------------------------------------------------------------------ publishing
+
+    def publish_async(
+        self,
+        subject: str,
+        payload: Any,
+        *,
+        sender: str,
+        reply_to: str | None = None,
+        budget: Budget | None = None,
+        parent_id: str | None = None,
+    ) -> Future:
+        """Publish without waiting; the future resolves to a PublishResult."""
+        if isinstance(payload, StandardPayload):
+            payload = payload.to_wire()
+        fields: dict[str, Any] = {"subject": subject, "from": sender, "payload": payload}
+        if reply_to is not None:
+            fields["replyTo"] = reply_to
+        if budget is not None:
+            fields["budget"] = budget.to_wire()
+        if parent_id is not None:
+            fields["parentId"] = parent_id
+        raw = self.request("publish", **fields)
+        result: Future = Future()
+
+        def convert(done: Future) -> None:
+            try:
+                result.set_result(PublishResult.from_wire(done.result()))
+            except BaseException as exc:
+                result.set_exception(exc)
+
+        raw.add_done_callback(convert)
+        return result
+
+    def publish(
+        self,
+        subject: str,
+        payload: Any,
+        *,
+        sender: str,
+        reply_to: str | None = None,
+        budget: Budget | None = None,
+        timeout: float | None = None,
+    ) -> PublishResult:
+        future = self.publish_async(
+            subject, payload, sender=sender, reply_to=reply_to, budget=budget
+        )
+        limit = self.timeout if timeout is None else timeout
+        try:
+            return future.result(limit)
+        except FutureTimeout:
+            raise Timeout(f"no reply to 'publish' from the broker within {limit:g} s") from None
+
+    def reply(
+        self, envelope: Envelope, payload: Any, *, sender: str, reply_to: str | None = None
+    ) -> PublishResult:
+        """Answer a message on its replyTo, carrying its budget forward (loops get caught).
+
+        The answer's own replyTo is ``sender`` unless given, so the conversation can go on.
+        """
+        if envelope.reply_to is None:
+            raise InvalidMessage(f"message {envelope.id} has no replyTo to answer")
+        future = self.publish_async(
+            envelope.reply_to,
+            payload,
+            sender=sender,
+            reply_to=reply_to or sender,
+            budget=envelope.budget,
+            parent_id=envelope.id,
+        )
+        return future.result(self.timeout)
+
+    # ------------------------------------------------------------------ consuming
+
+    def subscribe(
+        self, pattern: str, handler: Handler, *, credit: int | None = None
+    ) -> Callable[[], None]:
+        """Consume messages of every endpoint matching pattern; returns unsubscribe()."""
+        return self._subscribe(pattern, handler, "consume", credit)
+
+    def observe(self, pattern: str, handler: Handler) -> Callable[[], None]:
+        """Watch every stored message matching pattern: no claim, no ack."""
+        return self._subscribe(pattern, handler, "observe", None)
+
+    def _subscribe(
+        self, pattern: str, handler: Handler, mode: str, credit: int | None
+    ) -> Callable[[], None]:
+        subjects.validate(pattern, wildcards=True)
+        fields: dict[str, Any] = {"pattern": pattern, "mode": mode}
+        if credit is not None:
+            fields["credit"] = credit
+        worker = _SubscriptionWorker(self, handler, mode)
+        future = self.request("subscribe", before_send=worker, **fields)
+        try:
+            sub_id = future.result(self.timeout)["sub"]
+        except FutureTimeout:
+            raise Timeout(f"no reply to 'subscribe' within {self.timeout:g} s") from None
+
+        def unsubscribe() -> None:
+            if self._subs.pop(sub_id, None) is not None:
+                worker.stop()
+                with contextlib.suppress(RelayError):
+                    self._call("unsubscribe", sub=sub_id)
+
+        return unsubscribe
+
+    def pending(self, subject: str) -> list[dict[str, Any]]:
+        """Claimed, unacknowledged messages of an endpoint (a consumer died holding them)."""
+        return self._call("pending", subject=subjects.validate(subject))["items"]
+
+    def complete(self, message_id: str, endpoint: str) -> None:
+        self._call("complete", id=message_id, endpoint=endpoint)
+
+    def fail(self, message_id: str, endpoint: str, reason: str = "failed by operator") -> None:
+        self._call("fail", id=message_id, endpoint=endpoint, reason=reason)
+
+    # ------------------------------------------------------------------ signals
+
+    def signal(self, subject: str, signal: Signal, *, sender: str | None = None) -> None:
+        fields: dict[str, Any] = {"subject": subject, "signal": signal.to_wire()}
+        if sender is not None:
+            fields["from"] = sender
+        self._call("signal", **fields)
+
+    def on_signal(self, pattern: str, handler: SignalHandler) -> Callable[[], None]:
+        """Call handler(subject, signal) for each signal whose subject matches pattern."""
+        subjects.validate(pattern, wildcards=True)
+        key = next(self._signal_ids)
+        with self._lock:
+            if self._signals_thread is None:
+                self._outbox.send_multipart([b"C", self.server["signals"].encode()])
+                self._signals_thread = threading.Thread(
+                    target=self._signal_loop, name="relay-client-signals", daemon=True
+                )
+                self._signals_thread.start()
+            self._signal_handlers[key] = (pattern, handler)
+            self._outbox.send_multipart([b"S", subjects.literal_prefix(pattern).encode()])
+        return lambda: self._signal_handlers.pop(key, None) and None
+
+    def _signal_loop(self) -> None:
+        while not self._closed:
+            try:
+                frames = self._signal_queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            try:
+                subject, body = wire.decode_signal(frames)
+                signal = Signal.from_wire(body)
+            except RelayError:
+                log.warning("malformed signal dropped")
+                continue
+            for pattern, handler in list(self._signal_handlers.values()):
+                if subjects.matches(subject, pattern):
+                    try:
+                        handler(subject, signal)
+                    except Exception:
+                        log.exception("signal handler failed")
+
+    # ------------------------------------------------------------------ administration
+
+    def dead_letters(
+        self, endpoint_hash: str | None = None, *, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        fields: dict[str, Any] = {"limit": limit}
+        if endpoint_hash is not None:
+            fields["endpoint"] = endpoint_hash
+        return self._call("dead_letters", **fields)["items"]
+
+    def purge_dead_letters(self, endpoint_hash: str | None = None) -> int:
+        fields = {} if endpoint_hash is None else {"endpoint": endpoint_hash}
+        return self._call("purge_dead_letters", **fields)["purged"]
+
+    def rebuild_index(self) -> int:
+        return self._call("rebuild_index", timeout=max(self.timeout, 120))["messages"]
+
+    def add_rule(self, rule: AccessRule) -> AccessRule:
+        return AccessRule.from_wire(self._call("add_rule", rule=rule.to_wire()))
+
+    def remove_rule(self, from_pattern: str, to_pattern: str) -> bool:
+        return bool(
+            self._call("remove_rule", **{"from": from_pattern, "to": to_pattern})["removed"]
+        )
+
+    def list_rules(self) -> list[AccessRule]:
+        return [AccessRule.from_wire(r) for r in self._call("list_rules")["rules"]]
+
+    def get_config(self) -> dict[str, Any]:
+        return self._call("get_config")
+
+    def set_config(self, partial: Mapping[str, Any]) -> dict[str, Any]:
+        return self._call("set_config", config=dict(partial))
+
+    def status(self) -> dict[str, Any]:
+        return self._call("status")
+
+    def trace(self, message_id: str) -> dict[str, Any]:
+        return self._call("trace", id=message_id)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        if self._io.is_alive() and hasattr(self, "server"):
+            with contextlib.suppress(RelayError):
+                self._call("bye", timeout=1.0)
+        for worker in list(self._subs.values()):
+            worker.stop()
+        self._subs.clear()
+        self._closed = True
+        self._io.join(2)
+        self._outbox.close(0)
+        for future in list(self._futures.values()):
+            if not future.done():
+                future.set_exception(Unavailable("client closed"))
+        self._futures.clear()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _SubscriptionWorker:
+    """Runs one subscription's handler, in order, on its own thread."""
+
+    def __init__(self, client: Client, handler: Handler, mode: str) -> None:
+        self.client = client
+        self.handler = handler
+        self.mode = mode
+        self.sub = 0
+        self.queue: queue.Queue[Delivery | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="relay-handler", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.queue.put(None)
+
+    def _run(self) -> None:
+        while (delivery := self.queue.get()) is not None:
+            error = self._handle(delivery)
+            if self.mode != "consume":
+                continue
+            try:
+                if error is None:
+                    self.client.request(
+                        "ack", sub=delivery.sub, id=delivery.id, endpoint=delivery.endpoint
+                    )
+                else:
+                    self.client.request(
+                        "nack",
+                        sub=delivery.sub,
+                        id=delivery.id,
+                        endpoint=delivery.endpoint,
+                        reason=error,
+                    )
+            except RelayError:
+                log.warning("could not acknowledge %s: client closed", delivery.id)
+
+    def _handle(self, delivery: Delivery) -> str | None:
+        try:
+            envelope = Envelope.from_json(delivery.data)
+        except RelayError as exc:
+            return f"unreadable message: {exc}"
+        try:
+            self.handler(envelope)
+        except Exception as exc:
+            log.warning("handler failed on %s: %r", delivery.id, exc)
+            return f"handler error: {type(exc).__name__}: {exc}"[:1000]
+        return None
+
+
+def connect(
+    home: str | os.PathLike[str] | None = None,
+    *,
+    address: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> Client:
+    """Connect to the broker of a data directory (default $RELAY_HOME or ~/.dork/relay)."""
+    return Client(address or Home(home).router_address, timeout=timeout)

@@ -1,0 +1,244 @@
+"""Restart, rebuild, shutdown and bad input, through real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import zmq
+
+from sdk import wire
+from sdk.client import connect
+from sdk.errors import InvalidSubject, LimitExceeded, PayloadTooLarge, Unavailable
+from tests.harness import Broker, wait_for
+
+pytestmark = pytest.mark.integration
+
+A = "relay.agent.demo.a"
+B = "relay.agent.demo.b"
+SENDER = "relay.agent.demo.cli"
+
+
+def test_restart_of_the_whole_group_keeps_every_message_and_endpoint(broker):
+    client = broker.client()
+    for subject in (A, B):
+        client.register_endpoint(subject)
+    ids = [client.publish("relay.agent.demo.*", i, sender=SENDER).message_id for i in range(10)]
+    codes = broker.stop()
+    assert all(code == 0 for code in codes.values()), codes
+    broker.start()
+    client = broker.client()
+    assert sorted(e.subject for e in client.list_endpoints()) == [A, B]
+    assert [e["depth"] for e in client.status()["endpoints"]] == [10, 10]
+    got = []
+    client.subscribe(A, lambda e: got.append(e.id))
+    wait_for(lambda: len(got) == 10, what="the backlog after restart")
+    assert got == ids
+
+
+def test_rebuilt_index_answers_the_same(broker):
+    client = broker.client()
+    client.register_endpoint(A)
+    client.register_endpoint(B)
+    ids = [client.publish("relay.agent.demo.*", i, sender=SENDER).message_id for i in range(6)]
+    client.publish("relay.nowhere", 0, sender=SENDER)
+    handled = []
+    client.subscribe(A, lambda e: handled.append(e.id))
+    wait_for(
+        lambda: all(client.trace(i)["copies"][0]["state"] == "done" for i in ids),
+        what="A's copies done",
+    )
+    before = {i: client.trace(i) for i in ids}
+    letters = client.dead_letters()
+    assert client.rebuild_index() == 13
+    assert {i: client.trace(i) for i in ids} == before
+    assert client.dead_letters() == letters
+
+
+def test_clean_shutdown_leaves_no_process_and_no_socket():
+    broker = Broker(shards=2).start()
+    try:
+        client = broker.client()
+        client.register_endpoint(A)
+        client.publish(A, 1, sender=SENDER)
+        codes = broker.stop()
+        assert codes == {"router": 0, "writer0": 0, "writer1": 0}
+        assert os.listdir(broker.home.run) == []
+        for name in ("index-0.db-wal", "index-1.db-wal"):
+            path = broker.home.root / name
+            assert not path.exists() or path.stat().st_size == 0, "WAL checkpointed"
+    finally:
+        broker.cleanup()
+
+
+def test_client_gets_a_clear_error_when_no_broker_runs(tmp_path):
+    with pytest.raises(Unavailable, match="broker unavailable"):
+        connect(tmp_path, timeout=0.5)
+
+
+def test_a_killed_writer_fails_publishes_with_unavailable_not_silence(broker):
+    client = broker.client(timeout=30)
+    client.register_endpoint(A)
+    broker.kill("writer0")
+    broker.kill("writer1")
+    with pytest.raises(Unavailable):
+        client.publish(A, 1, sender=SENDER)
+    broker.start_writer(0)
+    broker.start_writer(1)
+    broker.wait_ready()
+    assert client.publish(A, 2, sender=SENDER).delivered_to == 1
+
+
+def raw_request(broker, *frames: bytes) -> dict:
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 5000)
+    sock.connect(broker.home.router_address)
+    try:
+        sock.send_multipart(list(frames))
+        reply = sock.recv_multipart()
+    finally:
+        sock.close()
+    assert reply[0] == wire.MAGIC
+    return wire.unpackb(reply[1])
+
+
+@pytest.mark.parametrize(
+    ("frames", "code"),
+    [
+        ([b"garbage"], "malformed_frame"),
+        ([wire.MAGIC, b"\xc1\xc1\xc1"], "malformed_frame"),
+        ([wire.MAGIC, wire.packb([1, 2, 3])], "malformed_frame"),
+        ([wire.MAGIC, wire.packb({"op": "publish"})], "malformed_frame"),
+        ([b"RLY9", wire.packb({"op": "ping", "rid": 1})], "unsupported_version"),
+        ([wire.MAGIC, wire.packb({"op": "teleport", "rid": 1})], "unknown_operation"),
+        (
+            [
+                wire.MAGIC,
+                wire.packb({"op": "publish", "rid": 1, "subject": 7, "from": SENDER, "payload": 1}),
+            ],
+            "invalid_message",
+        ),
+        (
+            [
+                wire.MAGIC,
+                wire.packb(
+                    {"op": "publish", "rid": 1, "subject": "a..b", "from": SENDER, "payload": 1}
+                ),
+            ],
+            "invalid_subject",
+        ),
+        (
+            [
+                wire.MAGIC,
+                wire.packb({"op": "publish", "rid": 1, "subject": A, "from": "x y", "payload": 1}),
+            ],
+            "invalid_subject",
+        ),
+        (
+            [
+                wire.MAGIC,
+                wire.packb(
+                    {
+                        "op": "publish",
+                        "rid": 1,
+                        "subject": A,
+                        "from": SENDER,
+                        "payload": b"\x00bytes",
+                    }
+                ),
+            ],
+            "invalid_message",
+        ),
+        (
+            [
+                wire.MAGIC,
+                wire.packb(
+                    {
+                        "op": "publish",
+                        "rid": 1,
+                        "subject": A,
+                        "from": SENDER,
+                        "payload": 1,
+                        "budget": {"hopCount": "x"},
+                    }
+                ),
+            ],
+            "invalid_message",
+        ),
+        (
+            [wire.MAGIC, wire.packb({"op": "subscribe", "rid": 1, "pattern": "a.>.b"})],
+            "invalid_subject",
+        ),
+        (
+            [
+                wire.MAGIC,
+                wire.packb({"op": "ack", "rid": 1, "sub": 1, "id": "nope", "endpoint": "x"}),
+            ],
+            "invalid_message",
+        ),
+    ],
+    ids=[
+        "one-frame",
+        "not-msgpack",
+        "not-a-map",
+        "no-rid",
+        "version",
+        "unknown-op",
+        "subject-type",
+        "bad-subject",
+        "bad-sender",
+        "bytes-payload",
+        "bad-budget",
+        "bad-pattern",
+        "bad-id",
+    ],
+)
+def test_bad_request_gets_an_error_code_and_the_broker_keeps_serving(broker, frames, code):
+    reply = raw_request(broker, *frames)
+    assert reply["ok"] is False and reply["error"]["code"] == code, reply
+    assert reply["error"]["message"]
+    client = broker.client()
+    client.register_endpoint(A)
+    assert client.publish(A, "still here", sender=SENDER).delivered_to == 1
+
+
+def test_oversized_payload_is_refused_with_the_numbers(broker):
+    client = broker.client()
+    client.register_endpoint(A)
+    with pytest.raises(PayloadTooLarge, match=r"exceeds the 1\.0 MiB limit"):
+        client.publish(A, "x" * (1024 * 1024 + 10), sender=SENDER)
+    with pytest.raises(InvalidSubject):
+        client.publish("relay..x", 1, sender=SENDER)
+    assert client.publish(A, "small", sender=SENDER).delivered_to == 1
+
+
+def test_too_many_subscriptions_from_one_client_are_refused(broker):
+    client = broker.client()
+    client.set_config({"limits": {"maxSubscriptionsPerClient": 3}})
+    for i in range(3):
+        client.observe(f"relay.s{i}", lambda e: None)
+    with pytest.raises(LimitExceeded, match="limit is 3"):
+        client.observe("relay.s9", lambda e: None)
+
+
+def test_cli_publishes_and_lists(broker):
+    assert broker.relay("endpoints", "register", A).returncode == 0
+    out = broker.relay("publish", A, '{"content": "hi"}', "--from", SENDER, "--json")
+    assert out.returncode == 0, out.stderr
+    assert '"deliveredTo": 1' in out.stdout
+    listing = broker.relay("endpoints")
+    assert A in listing.stdout and " 1" in listing.stdout
+    bad = broker.relay("publish", "a..b", "x", "--from", SENDER)
+    assert bad.returncode == 1 and "invalid_subject" in bad.stderr
+
+
+def test_sigterm_to_router_stops_it_cleanly():
+    broker = Broker(shards=1).start()
+    try:
+        broker.kill("router", signal.SIGTERM)
+        assert broker.procs["router"].returncode == 0
+    finally:
+        broker.cleanup()

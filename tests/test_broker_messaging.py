@@ -1,0 +1,204 @@
+"""Publish, consume, observe, fan-out and backlog through real router and writer processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import pytest
+
+from sdk.types import Envelope
+from tests.harness import wait_for
+
+pytestmark = pytest.mark.integration
+
+A = "relay.agent.demo.a"
+B = "relay.agent.demo.b"
+C = "relay.agent.other.c"
+SENDER = "relay.agent.demo.cli"
+
+
+class Inbox:
+    """Collects what a handler receives, thread-safely."""
+
+    def __init__(self, fail_on: str | None = None) -> None:
+        self.items: list[Envelope] = []
+        self.lock = threading.Lock()
+        self.fail_on = fail_on
+
+    def __call__(self, envelope: Envelope) -> None:
+        with self.lock:
+            self.items.append(envelope)
+        if self.fail_on is not None and envelope.payload == self.fail_on:
+            raise ValueError(f"cannot handle {self.fail_on}")
+
+    def payloads(self) -> list:
+        with self.lock:
+            return [e.payload for e in self.items]
+
+
+def test_published_message_reaches_subscriber_and_is_done_after_ack(broker):
+    client = broker.client()
+    info = client.register_endpoint(A)
+    inbox = Inbox()
+    client.subscribe(A, inbox)
+    result = client.publish(A, {"content": "hello"}, sender=SENDER, reply_to=SENDER)
+    assert result.delivered_to == 1 and result.rejected == ()
+    wait_for(lambda: inbox.items, what="the message to reach the handler")
+    envelope = inbox.items[0]
+    assert envelope.id == result.message_id
+    assert envelope.payload == {"content": "hello"}
+    assert envelope.sender == SENDER and envelope.reply_to == SENDER
+    assert envelope.budget.hop_count == 1 and envelope.budget.ancestor_chain == (A,)
+    wait_for(
+        lambda: client.trace(result.message_id)["copies"][0]["state"] == "done",
+        what="the ack to mark the message done",
+    )
+    # the id the publisher got is the file name in the mailbox
+    cur = os.listdir(os.path.join(info.maildir_path, "cur"))
+    assert [n.split(",")[0] for n in cur] == [result.message_id]
+
+
+def test_wildcard_publish_fans_out_to_every_matching_endpoint(broker):
+    client = broker.client()
+    for subject in (A, B, C):
+        client.register_endpoint(subject)
+    result = client.publish("relay.agent.demo.*", {"n": 1}, sender=SENDER)
+    assert result.delivered_to == 2
+    copies = client.trace(result.message_id)["copies"]
+    assert sorted(c["endpointSubject"] for c in copies) == [A, B]
+    assert all(c["state"] == "new" for c in copies)
+
+
+def test_backlog_reaches_a_late_subscriber_in_order(broker):
+    client = broker.client()
+    client.register_endpoint(A)
+    ids = [client.publish(A, i, sender=SENDER).message_id for i in range(20)]
+    inbox = Inbox()
+    client.subscribe(A, inbox)
+    wait_for(lambda: len(inbox.items) == 20, what="the backlog")
+    assert [e.id for e in inbox.items] == ids
+    assert inbox.payloads() == list(range(20))
+
+
+def test_competing_consumers_each_message_is_consumed_once(broker):
+    first, second = broker.client(), broker.client()
+    first.register_endpoint(A)
+    inbox1, inbox2 = Inbox(), Inbox()
+    first.subscribe(A, inbox1, credit=2)
+    second.subscribe(A, inbox2, credit=2)
+    for i in range(40):
+        first.publish(A, i, sender=SENDER)
+    wait_for(lambda: len(inbox1.items) + len(inbox2.items) == 40, what="all 40 messages")
+    got = inbox1.payloads() + inbox2.payloads()
+    assert sorted(got) == list(range(40))
+    assert inbox1.items and inbox2.items, "the router spreads messages across consumers"
+
+
+def test_observer_sees_every_message_without_taking_it(broker):
+    client = broker.client()
+    client.register_endpoint(A)
+    watched, consumed = Inbox(), Inbox()
+    client.observe("relay.agent.>", watched)
+    client.subscribe(A, consumed)
+    ids = [client.publish(A, i, sender=SENDER).message_id for i in range(5)]
+    wait_for(
+        lambda: len(watched.items) == 5 and len(consumed.items) == 5,
+        what="observer and consumer to see all five",
+    )
+    assert [e.id for e in watched.items] == ids
+    assert sorted(e.id for e in consumed.items) == ids
+
+
+def test_handler_exception_nacks_the_message_into_dead_letters(broker):
+    client = broker.client()
+    info = client.register_endpoint(A)
+    inbox = Inbox(fail_on="poison")
+    client.subscribe(A, inbox)
+    bad = client.publish(A, "poison", sender=SENDER).message_id
+    good = client.publish(A, "fine", sender=SENDER).message_id
+    letters = wait_for(lambda: client.dead_letters(info.hash), what="the dead letter")
+    assert [d["id"] for d in letters] == [bad]
+    assert letters[0]["code"] == "nack"
+    assert "cannot handle poison" in letters[0]["reason"]
+    wait_for(
+        lambda: client.trace(good)["copies"][0]["state"] == "done",
+        what="the next message to be handled: the client survived",
+    )
+
+
+def test_ack_sends_a_delivery_receipt_to_the_sender(broker):
+    client = broker.client()
+    client.register_endpoint(A)
+    receipts = []
+    client.on_signal(SENDER, lambda subject, sig: receipts.append(sig))
+    client.subscribe(A, Inbox())
+    wait_for(lambda: _signal_path_ready(client, SENDER, receipts), what="signal subscription")
+    receipts.clear()
+    message_id = client.publish(A, "x", sender=SENDER).message_id
+    wait_for(lambda: any(s.type == "delivery_receipt" for s in receipts), what="receipt")
+    receipt = next(s for s in receipts if s.type == "delivery_receipt")
+    assert receipt.data["messageId"] == message_id and receipt.endpoint_subject == A
+
+
+def _signal_path_ready(client, subject, received) -> bool:
+    """PUB/SUB joins asynchronously: probe until a signal gets through."""
+    from sdk.types import Signal, SignalType
+
+    client.signal(subject, Signal(SignalType.PRESENCE, "probe", subject, 0))
+    return bool(received)
+
+
+def test_file_dropped_into_new_by_another_program_is_delivered(broker):
+    client = broker.client()
+    info = client.register_endpoint(A)
+    inbox = Inbox()
+    client.subscribe(A, inbox)
+    tmp = os.path.join(info.maildir_path, "tmp", "drop.1")
+    with open(tmp, "w") as f:
+        json.dump({"from": "relay.tools.cron", "payload": {"content": "from cron"}}, f)
+    os.rename(tmp, os.path.join(info.maildir_path, "new", "drop.1"))
+    wait_for(lambda: inbox.items, what="the dropped file to be delivered")
+    envelope = inbox.items[0]
+    assert envelope.payload == {"content": "from cron"}
+    assert envelope.sender == "relay.tools.cron" and envelope.subject == A
+    assert not os.path.exists(os.path.join(info.maildir_path, "new", "drop.1"))
+
+
+def test_consumer_that_dies_leaves_its_messages_pending(broker):
+    client = broker.client()
+    info = client.register_endpoint(A)
+    ids = [client.publish(A, i, sender=SENDER).message_id for i in range(3)]
+    # A consumer in another process takes the messages and is killed before acking.
+    script = (
+        "import os, signal, sys, threading\n"
+        "from sdk import connect\n"
+        "c = connect(sys.argv[1])\n"
+        "got = []\n"
+        "done = threading.Event()\n"
+        "def h(e):\n"
+        "    got.append(e.id)\n"
+        "    if len(got) == 3: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    done.wait()\n"
+        "c.subscribe(sys.argv[2], h, credit=3)\n"
+        "done.wait(30)\n"
+    )
+    import subprocess
+    import sys
+
+    subprocess.run(
+        [sys.executable, "-c", script, str(broker.home.root), A],
+        timeout=60,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
+    pending = wait_for(
+        lambda: len(client.pending(A)) == 3 and client.pending(A), what="three pending messages"
+    )
+    assert sorted(p["id"] for p in pending) == ids
+    assert all(p["claimedAt"] for p in pending)
+    client.complete(ids[0], info.hash)
+    client.fail(ids[1], info.hash, "operator gave up")
+    assert [p["id"] for p in client.pending(A)] == [ids[2]]
+    assert client.trace(ids[0])["copies"][0]["state"] == "done"
+    assert client.dead_letters(info.hash)[0]["reason"] == "operator gave up"

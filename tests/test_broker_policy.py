@@ -1,0 +1,132 @@
+"""Budgets, access rules, dead letters and signals, through real processes."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from sdk.paths import UNROUTABLE
+from sdk.types import AccessRule, RuleAction, Signal, SignalType, default_budget
+from tests.harness import wait_for
+
+pytestmark = pytest.mark.integration
+
+A = "relay.agent.demo.a"
+B = "relay.agent.demo.b"
+SENDER = "relay.agent.demo.cli"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "code", "reason"),
+    [
+        ({"hop_count": 5}, "hop_limit", "max hops exceeded (5/5)"),
+        ({"ancestor_chain": (A,)}, "cycle_detected", f"cycle detected: {A} already in chain"),
+        ({"ttl": 1}, "ttl_expired", "message expired (TTL)"),
+        ({"call_budget_remaining": 0}, "budget_exhausted", "call budget exhausted"),
+    ],
+    ids=["hops", "cycle", "ttl", "calls"],
+)
+def test_budget_violation_becomes_a_dead_letter_with_its_reason(broker, overrides, code, reason):
+    client = broker.client()
+    info = client.register_endpoint(A)
+    budget = default_budget(now_ms(), **overrides)
+    result = client.publish(A, "x", sender=SENDER, budget=budget)
+    assert result.delivered_to == 0
+    assert result.rejected == ((info.hash, "budget_exceeded"),)
+    assert result.details[info.hash] == reason
+    [letter] = client.dead_letters(info.hash)
+    assert (letter["id"], letter["code"], letter["reason"]) == (result.message_id, code, reason)
+    assert os.listdir(os.path.join(info.maildir_path, "new")) == []
+
+
+def test_reply_chain_between_two_agents_is_stopped_as_a_cycle(broker):
+    client = broker.client()
+    client.register_endpoint(A)
+    info_b = client.register_endpoint(B)
+    outcomes = []
+    done = threading.Event()
+
+    def agent(me):
+        def handle(envelope):
+            result = client.reply(envelope, {"from": me}, sender=me)
+            outcomes.append(result)
+            if result.delivered_to == 0:
+                done.set()
+
+        return handle
+
+    client.subscribe(A, agent(A))
+    client.subscribe(B, agent(B))
+    client.publish(B, "start", sender=A, reply_to=A)
+    assert done.wait(20), "the loop was never stopped"
+    # B answered A (delivered), A answered B: B is already in the chain.
+    last = outcomes[-1]
+    assert last.rejected == ((info_b.hash, "budget_exceeded"),)
+    assert last.details[info_b.hash] == f"cycle detected: {B} already in chain"
+
+
+def test_deny_rule_blocks_and_higher_priority_allow_wins(broker):
+    client = broker.client()
+    info = client.register_endpoint(A)
+    client.add_rule(AccessRule("relay.agent.>", A, RuleAction.DENY, priority=1))
+    denied = client.publish(A, "x", sender="relay.agent.intruder")
+    assert denied.rejected == ((info.hash, "access_denied"),)
+    assert client.dead_letters(info.hash)[0]["code"] == "access_denied"
+    client.add_rule(AccessRule("relay.agent.friend", A, RuleAction.ALLOW, priority=5))
+    assert client.publish(A, "x", sender="relay.agent.friend").delivered_to == 1
+    assert client.publish(A, "x", sender="relay.agent.intruder").delivered_to == 0
+    assert [r.priority for r in client.list_rules()] == [5, 1]
+    assert client.remove_rule("relay.agent.>", A)
+    assert client.publish(A, "x", sender="relay.agent.intruder").delivered_to == 1
+
+
+def test_publish_matching_no_endpoint_is_kept_as_unroutable_dead_letter(broker):
+    client = broker.client()
+    result = client.publish("relay.agent.nobody", "lost?", sender=SENDER)
+    assert result.delivered_to == 0 and result.rejected == (("*", "no_match"),)
+    [letter] = client.dead_letters(UNROUTABLE)
+    assert letter["id"] == result.message_id
+    assert letter["reason"] == "no matching endpoints"
+    assert letter["envelope"]["payload"] == "lost?"
+
+
+def test_dead_letters_are_listed_and_purged(broker):
+    client = broker.client()
+    info = client.register_endpoint(A)
+    for _ in range(3):
+        client.publish(A, "x", sender=SENDER, budget=default_budget(now_ms(), ttl=1))
+    assert len(client.dead_letters(info.hash)) == 3
+    assert client.purge_dead_letters(info.hash) == 3
+    assert client.dead_letters(info.hash) == []
+    assert os.listdir(os.path.join(info.maildir_path, "failed")) == []
+
+
+def test_signals_reach_matching_handlers_and_never_touch_disk(broker):
+    client = broker.client()
+    info = client.register_endpoint(A)
+    got, other = [], []
+    client.on_signal("relay.agent.demo.*", lambda subject, sig: got.append((subject, sig)))
+    client.on_signal("relay.agent.elsewhere", lambda subject, sig: other.append(sig))
+
+    def typing(state):
+        return Signal(SignalType.TYPING, state, A, now_ms(), {"who": "me"})
+
+    wait_for(lambda: client.signal(A, typing("probe")) or got, what="the signal path to join")
+    got.clear()
+    client.signal(A, typing("active"))
+    wait_for(lambda: any(s.state == "active" for _, s in got), what="the typing signal")
+    subject, sig = next((s, g) for s, g in got if g.state == "active")
+    assert subject == A and sig.type == SignalType.TYPING and sig.data == {"who": "me"}
+    assert other == []
+    for sub in ("tmp", "new", "cur", "failed"):
+        assert os.listdir(os.path.join(info.maildir_path, sub)) == []
+    assert client.trace(client.publish(A, 1, sender=SENDER).message_id)["copies"]
+    status = client.status()
+    assert [e["depth"] for e in status["endpoints"]] == [1]  # only the message counts

@@ -1,0 +1,102 @@
+"""The internal router ⇄ writer protocol: encode and decode only.
+
+Not public: both ends ship together. The router binds one PUSH socket per shard
+(``run/shard-<K>.sock``) and one PULL socket for results (``run/results.sock``); each
+writer connects a PULL to its shard socket and a PUSH to the results socket.
+
+Router → writer, ``[kind, msgpack header]`` or ``[kind, header, data]``:
+
+``deliver``  header ``[token, id, endpoint, subject, sender, created_at, target,
+             reason, code, failed_at]``, data = file bytes; target is ``new`` or
+             ``failed`` (a dead letter, with the reason, code and time in its file).
+``claim``    ``[sub, id, endpoint]``: move new/ → cur/ for subscription ``sub``.
+``op``       ``[token, name, args]``: done, fail, requeue, purge, rebuild, watch;
+             answered by a ``reply`` with the same token.
+
+Writer → router:
+
+``hello``    ``[shard, shards, pid]`` when a writer (re)starts.
+``stored``   ``[[token, id, endpoint, stored_at | None, code | None, message | None], ...]``
+             one frame per group commit.
+``claimed``  ``[sub, id, endpoint, code | None, message | None]`` + file bytes.
+``ingested`` ``[id, endpoint]`` + file bytes: a file another program put into new/.
+``reply``    ``[token, ok, result | {code, message}]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sdk.wire import packb, unpackb
+
+DELIVER = b"deliver"
+CLAIM = b"claim"
+OP = b"op"
+
+HELLO = b"hello"
+STORED = b"stored"
+CLAIMED = b"claimed"
+INGESTED = b"ingested"
+REPLY = b"reply"
+
+TARGET_NEW = "new"
+TARGET_FAILED = "failed"
+
+
+def deliver(
+    token: int,
+    message_id: str,
+    endpoint: str,
+    subject: str,
+    sender: str,
+    created_at: int,
+    data: bytes,
+    *,
+    target: str = TARGET_NEW,
+    reason: str | None = None,
+    code: str | None = None,
+    failed_at: int | None = None,
+) -> list[bytes]:
+    header = packb(
+        [token, message_id, endpoint, subject, sender, created_at, target, reason, code, failed_at]
+    )
+    return [DELIVER, header, data]
+
+
+def claim(sub: int, message_id: str, endpoint: str) -> list[bytes]:
+    return [CLAIM, packb([sub, message_id, endpoint])]
+
+
+def op(token: int, name: str, **args: Any) -> list[bytes]:
+    return [OP, packb([token, name, args])]
+
+
+def hello(shard: int, shards: int, pid: int) -> list[bytes]:
+    return [HELLO, packb([shard, shards, pid])]
+
+
+def stored(results: list[list[Any]]) -> list[bytes]:
+    return [STORED, packb(results)]
+
+
+def claimed(
+    sub: int, message_id: str, endpoint: str, data: bytes, error: tuple[str, str] | None = None
+) -> list[bytes]:
+    code, message = error or (None, None)
+    return [CLAIMED, packb([sub, message_id, endpoint, code, message]), data]
+
+
+def ingested(message_id: str, endpoint: str, data: bytes) -> list[bytes]:
+    return [INGESTED, packb([message_id, endpoint]), data]
+
+
+def reply(token: int, ok: bool, result: Any) -> list[bytes]:
+    return [REPLY, packb([token, ok, result])]
+
+
+def decode(frames: list[bytes]) -> tuple[bytes, Any, bytes | None]:
+    """Split a frame list into (kind, decoded header, data or None)."""
+    kind = bytes(frames[0])
+    header = unpackb(frames[1]) if len(frames) > 1 else None
+    data = bytes(frames[2]) if len(frames) > 2 else None
+    return kind, header, data

@@ -1,0 +1,442 @@
+"""The writer process of one shard: the only process that moves files in its mailboxes.
+
+Loop: wait for deliveries and operations from the router (PULL) or for files another
+program dropped into a ``new/`` (inotify); take everything that is queued, up to
+`MAX_BATCH`, and handle it as one group commit:
+
+1. write every delivery's file into ``tmp/``, one ``syncfs``, rename each into ``new/``
+   (or ``failed/``), one fsync per directory (workers.maildir.deliver_batch);
+2. claims, completions, failures, requeues (renames);
+3. ONE index transaction for all of the above;
+4. only then tell the router: a publish is acknowledged when it is durable.
+
+The batch grows with load and is a single message when idle: nothing waits for a
+batch to fill. Start-up: recover every mailbox (stale tmp files, half-done failures),
+rebuild the shard's index from the Maildir (the Maildir is the truth), ingest files
+dropped while no writer ran, then say hello to the router.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+from inotify_simple import INotify
+from inotify_simple import flags as iflags
+
+from sdk.errors import RelayError, StorageError
+from sdk.ids import is_id
+from sdk.paths import UNROUTABLE, Home
+from workers import ingest
+from workers import protocol as proto
+from workers.index import MessageIndex, rebuild_from_maildir
+from workers.maildir import Mailbox, deliver_batch
+from workers.records import MessageRecord, State
+
+log = logging.getLogger("relay.writer")
+
+MAX_BATCH = 512  # deliveries per group commit; bounds the latency of one commit
+IDLE_POLL_MS = 500  # wake-up interval to notice a stop request
+_WATCH_FLAGS = iflags.MOVED_TO | iflags.CLOSE_WRITE
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def shard_of(endpoint: str, shards: int) -> int:
+    """Which shard owns a mailbox. The layout on disk does not depend on N."""
+    if endpoint == UNROUTABLE:
+        return 0
+    return int(endpoint, 16) % shards
+
+
+def is_mailbox_name(name: str) -> bool:
+    if name == UNROUTABLE:
+        return True
+    return len(name) == 12 and all(c in "0123456789abcdef" for c in name)
+
+
+class Writer:
+    def __init__(self, home: Home, shard: int, shards: int, ctx: zmq.Context | None = None):
+        if not 0 <= shard < shards:
+            raise ValueError(f"shard {shard} is outside 0..{shards - 1}")
+        self.home = home.create()
+        self.shard, self.shards = shard, shards
+        self.ctx = ctx or zmq.Context.instance()
+        self.stopping = False
+        self.mailboxes: dict[str, Mailbox] = {}
+        self.index = MessageIndex(home.index_db(shard))
+        self.inotify = INotify()
+        self._watches: dict[int, str] = {}  # inotify wd -> endpoint
+        self._own_renames: set[tuple[str, str]] = set()  # (endpoint, name) we moved into new/
+        self._subjects: dict[str, str] = {}
+
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.LINGER, 0)
+        # Hello goes out each time the router's socket accepts us (at start, and after a
+        # router restart): only then can the router's deliveries reach this writer.
+        self.connected = self.pull.get_monitor_socket(zmq.EVENT_CONNECTED)
+        self.pull.connect(home.shard_address(shard))
+        self.results = self.ctx.socket(zmq.PUSH)
+        self.results.setsockopt(zmq.LINGER, 2000)
+        self.results.connect(home.results_address)
+
+    # ------------------------------------------------------------------ start-up
+
+    def start(self) -> None:
+        self._adopt_mailboxes()
+        for mailbox in self.mailboxes.values():
+            mailbox.recover()
+        count = rebuild_from_maildir(self.index, self.home.mailboxes, list(self.mailboxes))
+        log.info(
+            "shard %d/%d: %d mailboxes, index rebuilt from Maildir with %d messages",
+            self.shard,
+            self.shards,
+            len(self.mailboxes),
+            count,
+        )
+        self._rescan()
+
+    def _adopt_mailboxes(self) -> None:
+        if self.shard == 0:
+            Mailbox(self.home.mailbox(UNROUTABLE), UNROUTABLE).create()
+        for entry in os.scandir(self.home.mailboxes):
+            if (
+                entry.is_dir()
+                and is_mailbox_name(entry.name)
+                and shard_of(entry.name, self.shards) == self.shard
+            ):
+                self._watch(entry.name)
+
+    def _watch(self, endpoint: str) -> Mailbox:
+        mailbox = self.mailboxes.get(endpoint)
+        if mailbox is None:
+            mailbox = Mailbox(self.home.mailbox(endpoint), endpoint)
+            mailbox.create()
+            wd = self.inotify.add_watch(str(mailbox.root / "new"), _WATCH_FLAGS)
+            self._watches[wd] = endpoint
+            self.mailboxes[endpoint] = mailbox
+        return mailbox
+
+    # ------------------------------------------------------------------ main loop
+
+    def serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.pull, zmq.POLLIN)
+        poller.register(self.inotify.fileno(), zmq.POLLIN)
+        poller.register(self.connected, zmq.POLLIN)
+        while not self.stopping:
+            events = dict(poller.poll(IDLE_POLL_MS))
+            if self.connected in events:
+                self.connected.recv_multipart()
+                self.results.send_multipart(proto.hello(self.shard, self.shards, os.getpid()))
+            if self.inotify.fileno() in events:
+                self._on_inotify()
+            if self.pull in events:
+                self._process(self._drain())
+        # Drain what the router already handed us, so nothing queued is dropped.
+        while batch := self._drain():
+            self._process(batch)
+
+    def _drain(self) -> list[list[bytes]]:
+        batch: list[list[bytes]] = []
+        while len(batch) < MAX_BATCH:
+            try:
+                batch.append(self.pull.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+        return batch
+
+    def close(self) -> None:
+        self.index.close()
+        self.inotify.close()
+        self.pull.disable_monitor()
+        self.connected.close(0)
+        self.pull.close(0)
+        self.results.close()
+        self.ctx.term()
+
+    # ------------------------------------------------------------------ one group commit
+
+    def _process(self, batch: list[list[bytes]]) -> None:
+        deliveries: list[tuple[Any, bytes]] = []
+        others: list[tuple[bytes, Any, bytes | None]] = []
+        for frames in batch:
+            try:
+                kind, header, data = proto.decode(frames)
+            except Exception:  # a bug on the router side; never crash the writer for it
+                log.exception("undecodable frames from router dropped")
+                continue
+            if kind == proto.DELIVER:
+                deliveries.append((header, data))
+            else:
+                others.append((kind, header, data))
+
+        changes = IndexChanges()
+        outbox: list[list[bytes]] = []
+        if deliveries:
+            outbox.append(self._deliver(deliveries, changes))
+        for kind, header, data in others:
+            outbox.extend(self._handle(kind, header, data, changes))
+        try:
+            changes.commit(self.index)
+        except Exception as exc:
+            log.exception("index transaction failed")
+            outbox = [_failed_outbox(frames, exc) for frames in outbox]
+        for frames in outbox:
+            self.results.send_multipart(frames, copy=False)
+
+    def _deliver(self, deliveries: list[tuple[Any, bytes]], changes: IndexChanges) -> list[bytes]:
+        items = []
+        results: list[list[Any]] = []
+        for header, data in deliveries:
+            token, message_id, endpoint, *_ = header
+            mailbox = self.mailboxes.get(endpoint) or self._watch(endpoint)
+            items.append((mailbox, message_id, data, header[6]))
+        outcomes = deliver_batch(items)
+        for (header, data), outcome in zip(deliveries, outcomes, strict=True):
+            (
+                token,
+                message_id,
+                endpoint,
+                subject,
+                sender,
+                created_at,
+                target,
+                reason,
+                code,
+                failed_at,
+            ) = header
+            if isinstance(outcome, Exception):
+                results.append([token, message_id, endpoint, None, "storage_error", str(outcome)])
+                continue
+            failed = target == proto.TARGET_FAILED
+            if not failed:
+                self._own_renames.add((endpoint, message_id))
+            changes.inserts.append(
+                MessageRecord(
+                    id=message_id,
+                    endpoint=endpoint,
+                    subject=subject,
+                    sender=sender,
+                    state=State.FAILED if failed else State.NEW,
+                    created_at=created_at,
+                    stored_at=outcome,
+                    finished_at=failed_at if failed else None,
+                    reason=reason,
+                    reason_code=code,
+                    size=len(data),
+                )
+            )
+            results.append([token, message_id, endpoint, outcome, None, None])
+        return proto.stored(results)
+
+    def _handle(
+        self, kind: bytes, header: Any, data: bytes | None, changes: IndexChanges
+    ) -> list[list[bytes]]:
+        if kind == proto.CLAIM:
+            sub, message_id, endpoint = header
+            try:
+                name, content = self._mailbox(endpoint).claim(message_id, now_ms())
+            except RelayError as exc:
+                return [proto.claimed(sub, message_id, endpoint, b"", (exc.code, exc.message))]
+            except OSError as exc:
+                error = ("storage_error", f"claim failed: {exc}")
+                return [proto.claimed(sub, message_id, endpoint, b"", error)]
+            changes.claims.append((message_id, endpoint, _claimed_at(name)))
+            return [proto.claimed(sub, message_id, endpoint, content)]
+        if kind == proto.OP:
+            token, name, args = header
+            try:
+                result = self._operation(name, args, changes)
+            except RelayError as exc:
+                return [proto.reply(token, False, exc.to_wire())]
+            except OSError as exc:
+                return [proto.reply(token, False, StorageError(str(exc)).to_wire())]
+            return [proto.reply(token, True, result)]
+        log.error("unknown frame kind %r from router dropped", kind)
+        return []
+
+    def _mailbox(self, endpoint: str) -> Mailbox:
+        mailbox = self.mailboxes.get(endpoint)
+        if mailbox is None:
+            from sdk.errors import EndpointNotFound
+
+            raise EndpointNotFound(f"no mailbox {endpoint!r} on shard {self.shard}")
+        return mailbox
+
+    def _operation(self, name: str, args: dict[str, Any], changes: IndexChanges) -> Any:
+        now = now_ms()
+        if name == "done":
+            self._mailbox(args["endpoint"]).complete(args["id"], now)
+            changes.dones.append((args["id"], args["endpoint"], now))
+            return {"state": "done"}
+        if name == "fail":
+            reason = args.get("reason") or "failed by consumer"
+            code = args.get("code") or "nack"
+            size = self._mailbox(args["endpoint"]).fail(args["id"], reason, code, now)
+            changes.fails.append((args["id"], args["endpoint"], now, reason, code, size))
+            return {"state": "failed"}
+        if name == "requeue":
+            mailbox = self._mailbox(args["endpoint"])
+            self._own_renames.add((args["endpoint"], args["id"]))
+            mailbox.requeue(args["id"])
+            changes.requeues.append((args["id"], args["endpoint"]))
+            return {"state": "new", "id": args["id"], "endpoint": args["endpoint"]}
+        if name == "watch":
+            self._watch(args["endpoint"])
+            self._subjects[args["endpoint"]] = args["subject"]
+            return {}
+        if name == "purge":
+            return {"purged": self._purge(args.get("endpoint"), changes)}
+        if name == "rebuild":
+            changes.commit(self.index)  # earlier changes of this batch first
+            return {
+                "messages": rebuild_from_maildir(
+                    self.index, self.home.mailboxes, list(self.mailboxes)
+                )
+            }
+        from sdk.errors import UnknownOperation
+
+        raise UnknownOperation(f"writer has no operation {name!r}")
+
+    def _purge(self, endpoint: str | None, changes: IndexChanges) -> int:
+        """Delete dead letters (files in failed/ and their index rows)."""
+        targets = [self._mailbox(endpoint)] if endpoint else list(self.mailboxes.values())
+        purged = 0
+        for mailbox in targets:
+            for message_id in mailbox.purge_failed():
+                changes.deletes.append((message_id, mailbox.endpoint))
+                purged += 1
+        return purged
+
+    # ------------------------------------------------------------------ files from outside
+
+    def _on_inotify(self) -> None:
+        overflow = False
+        for event in self.inotify.read(timeout=0):
+            if event.mask & iflags.Q_OVERFLOW:
+                overflow = True
+                continue
+            endpoint = self._watches.get(event.wd)
+            if endpoint is None or not event.name:
+                continue
+            key = (endpoint, event.name)
+            if key in self._own_renames:
+                self._own_renames.discard(key)
+                continue
+            self._ingest(endpoint, event.name)
+        if overflow:
+            log.warning("inotify queue overflowed: rescanning every new/ of shard %d", self.shard)
+            self._own_renames.clear()
+            self._rescan()
+
+    def _rescan(self) -> None:
+        """Find files in new/ the index does not know (dropped in while nobody watched)."""
+        for endpoint, mailbox in self.mailboxes.items():
+            for name in os.listdir(mailbox.root / "new"):
+                if not (is_id(name) and self.index.has(name, endpoint)):
+                    self._ingest(endpoint, name)
+
+    def _ingest(self, endpoint: str, name: str) -> None:
+        mailbox = self.mailboxes[endpoint]
+        if is_id(name) and self.index.has(name, endpoint):
+            return
+        try:
+            result = ingest.adopt(mailbox, name, self._subject_of(endpoint), now_ms())
+        except FileNotFoundError:
+            return  # moved away again before we looked
+        except OSError:
+            log.exception("could not ingest %s/new/%s", endpoint, name)
+            return
+        if result is None:
+            return
+        record, data = result
+        self.index.write(inserts=[record])
+        if record.state is State.NEW:
+            self._own_renames.discard((endpoint, record.id))
+            self.results.send_multipart(proto.ingested(record.id, endpoint, data))
+        log.info("ingested %s/new/%s as %s (%s)", endpoint, name, record.id, record.state)
+
+    def _subject_of(self, endpoint: str) -> str | None:
+        if endpoint not in self._subjects:
+            self._subjects.update(ingest.endpoint_subjects(self.home.control_db))
+        return self._subjects.get(endpoint)
+
+
+class IndexChanges:
+    """The index rows one group commit changes, written in one transaction."""
+
+    def __init__(self) -> None:
+        self.inserts: list[MessageRecord] = []
+        self.claims: list[tuple[str, str, int]] = []
+        self.dones: list[tuple[str, str, int]] = []
+        self.fails: list[tuple[str, str, int, str, str, int]] = []
+        self.requeues: list[tuple[str, str]] = []
+        self.deletes: list[tuple[str, str]] = []
+
+    def commit(self, index: MessageIndex) -> None:
+        if any((self.inserts, self.claims, self.dones, self.fails, self.requeues, self.deletes)):
+            index.write(
+                inserts=self.inserts,
+                claims=self.claims,
+                dones=self.dones,
+                fails=self.fails,
+                requeues=self.requeues,
+                deletes=self.deletes,
+            )
+        self.__init__()
+
+
+def _claimed_at(name: str) -> int:
+    from workers.maildir import parse_name
+
+    return parse_name(name)[1]
+
+
+def _failed_outbox(frames: list[bytes], exc: Exception) -> list[bytes]:
+    """Turn a success report into a failure when the index transaction did not commit."""
+    kind, header, _data = proto.decode(frames)
+    error = ("storage_error", f"index update failed: {exc}")
+    if kind == proto.STORED:
+        return proto.stored(
+            [
+                [t, i, e, None, *error] if s is not None else [t, i, e, s, c, m]
+                for t, i, e, s, c, m in header
+            ]
+        )
+    if kind == proto.CLAIMED:
+        return proto.claimed(header[0], header[1], header[2], b"", error)
+    if kind == proto.REPLY:
+        return proto.reply(header[0], False, {"code": error[0], "message": error[1]})
+    return frames
+
+
+def main(home: Home, shard: int, shards: int) -> int:
+    writer = Writer(home, shard, shards)
+
+    def stop(signum: int, _frame: object) -> None:
+        writer.stopping = True  # handlers only set flags
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    pid_file = home.pid_file(f"writer-{shard}")
+    pid_file.write_text(str(os.getpid()))
+    try:
+        writer.start()
+        writer.serve()
+    finally:
+        writer.close()
+        with contextlib.suppress(FileNotFoundError):
+            pid_file.unlink()
+    return 0
+
+
+__all__ = ["Path", "Writer", "main", "shard_of"]
