@@ -42,6 +42,7 @@ class Session:
     identity: bytes
     last_seen: int
     subs: set[int] = field(default_factory=set)
+    waiting: int = 0  # this client's requests waiting on writers (bounded)
     # Messages handed to this client and not yet acknowledged:
     # (id, endpoint) -> (sub id, the message's sender, for its delivery receipt).
     unacked: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)

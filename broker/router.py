@@ -85,6 +85,7 @@ class Pending:
     results: list[Any] = field(default_factory=list)
     shards: set[int] = field(default_factory=set)
     error: RelayError | None = None
+    copies: dict[str, Copy] = field(default_factory=dict)  # a publish's copies, by endpoint
 
 
 class Router:
@@ -117,8 +118,6 @@ class Router:
         self.pending: dict[int, Pending] = {}
         self.writers: dict[int, int] = {}  # shard -> pid, from hello
         self._tokens = itertools.count(1)
-        # Copies handed to writers, by (token, id, endpoint), until they report them stored.
-        self._inflight_copies: dict[tuple[int, str, str], Copy] = {}
         self.started_at = now_ms()
         self._bound: list[str] = []
 
@@ -229,7 +228,7 @@ class Router:
         for token, job in list(self.pending.items()):
             if job.deadline > now:
                 break  # insertion order is deadline order
-            del self.pending[token]
+            self._forget(token)
             shards = ", ".join(str(s) for s in sorted(job.shards)) or "?"
             self._reply_error(
                 job.client,
@@ -319,7 +318,6 @@ class Router:
         message_id = new_id(now)
         request = PublishRequest(message_id, subject, sender, reply_to, budget, now, payload_json)
         plan = plan_publish(request, self._targets(subject), self.rules, payload_json, now)
-        self._check_inflight(session)
 
         def finish(job: Pending) -> dict[str, Any]:
             delivered, rejected, details = 0, [], {}
@@ -344,7 +342,7 @@ class Router:
             }
 
         job = self._new_job(session, req, len(plan.copies), finish)
-        token = job_token = self._register(job)
+        token = self._register(job)
         for copy in plan.copies:
             shard = shard_of(copy.endpoint, self.shards)
             job.shards.add(shard)
@@ -362,9 +360,9 @@ class Router:
                 failed_at=copy.dead.failed_at if copy.dead else None,
             )
             if not self._to_writer(shard, frames):
-                self.pending.pop(job_token, None)
+                self._forget(token)
                 raise Unavailable(f"writer for shard {shard} is not running")
-            self._inflight_copies[(token, message_id, copy.endpoint)] = copy
+            job.copies[copy.endpoint] = copy
         return _DEFERRED
 
     def _targets(self, subject: str) -> list[EndpointInfo]:
@@ -381,23 +379,32 @@ class Router:
             for e in endpoints
         }
 
-    def _check_inflight(self, session: Session) -> None:
-        mine = sum(1 for job in self.pending.values() if job.client == session.identity)
-        if mine >= MAX_INFLIGHT_PER_CLIENT:
-            raise LimitExceeded(
-                f"{mine} requests already in flight from this client; "
-                f"the limit is {MAX_INFLIGHT_PER_CLIENT}"
-            )
-
     def _new_job(
         self, session: Session, req: wire.Request, remaining: int, on_done: Callable[[Pending], Any]
     ) -> Pending:
+        if session.waiting >= MAX_INFLIGHT_PER_CLIENT:
+            raise LimitExceeded(
+                f"{session.waiting} requests of this connection are already waiting on "
+                f"writers; the limit is {MAX_INFLIGHT_PER_CLIENT}"
+            )
         return Pending(session.identity, req.rid, now_ms() + WRITER_DEADLINE_MS, remaining, on_done)
 
     def _register(self, job: Pending) -> int:
         token = next(self._tokens)
         self.pending[token] = job
+        self._waiting(job.client, +1)
         return token
+
+    def _forget(self, token: int) -> Pending | None:
+        job = self.pending.pop(token, None)
+        if job is not None:
+            self._waiting(job.client, -1)
+        return job
+
+    def _waiting(self, identity: bytes, delta: int) -> None:
+        session = self.consumers.sessions.get(identity)
+        if session is not None:
+            session.waiting = max(0, session.waiting + delta)
 
     def _to_writer(self, shard: int, frames: list[bytes]) -> bool:
         try:
@@ -421,7 +428,7 @@ class Router:
         for shard in shards:
             job.shards.add(shard)
             if not self._to_writer(shard, proto.op(token, name, **args)):
-                self.pending.pop(token, None)
+                self._forget(token)
                 raise Unavailable(f"writer for shard {shard} is not running")
         return _DEFERRED
 
@@ -778,24 +785,29 @@ class Router:
         code: str | None,
         message: str | None,
     ) -> None:
-        copy = self._inflight_copies.pop((token, message_id, endpoint), None)
         job = self.pending.get(token)
-        if stored_at is not None and copy is not None and copy.dead is None:
+        copy = job.copies.get(endpoint) if job is not None else None
+        if copy is None:
+            # The publisher already had its answer (deadline passed), but the message is
+            # durable in new/ all the same: queue it for consumers.
+            if stored_at is not None and endpoint != UNROUTABLE:
+                self._on_new_message(message_id, endpoint, None)
+            return
+        if stored_at is not None and copy.dead is None:
             self._on_new_message(message_id, endpoint, copy.data)
-        if job is None or copy is None:
-            return  # the publisher already had its answer (deadline passed)
         job.results.append((copy, None if stored_at is not None else f"{code}: {message}"))
         self._progress(token, job)
 
-    def _on_new_message(self, message_id: str, endpoint: str, data: bytes) -> None:
+    def _on_new_message(self, message_id: str, endpoint: str, data: bytes | None) -> None:
         """A message is durable in new/: show it to observers, hand it to a consumer."""
         info = self.by_hash.get(endpoint)
         queue = self.queues.setdefault(endpoint, EndpointQueue())
         queue.waiting.append(message_id)
         if info is None:
             return
-        for sub in self.consumers.observers(info.subject):
-            self._send(sub.client, wire.encode_push(sub.id, message_id, endpoint, data))
+        if data is not None:
+            for sub in self.consumers.observers(info.subject):
+                self._send(sub.client, wire.encode_push(sub.id, message_id, endpoint, data))
         self._dispatch(endpoint)
 
     def _dispatch(self, endpoint: str) -> None:
@@ -868,7 +880,7 @@ class Router:
         job.remaining -= 1
         if job.remaining > 0:
             return
-        del self.pending[token]
+        self._forget(token)
         try:
             if job.error is not None:
                 raise job.error

@@ -281,9 +281,17 @@ class Client:
 
         The answer's own replyTo is ``sender`` unless given, so the conversation can go on.
         """
+        return self.reply_async(envelope, payload, sender=sender, reply_to=reply_to).result(
+            self.timeout
+        )
+
+    def reply_async(
+        self, envelope: Envelope, payload: Any, *, sender: str, reply_to: str | None = None
+    ) -> Future:
+        """`reply` without waiting; the future resolves to a PublishResult."""
         if envelope.reply_to is None:
             raise InvalidMessage(f"message {envelope.id} has no replyTo to answer")
-        future = self.publish_async(
+        return self.publish_async(
             envelope.reply_to,
             payload,
             sender=sender,
@@ -291,7 +299,6 @@ class Client:
             budget=envelope.budget,
             parent_id=envelope.id,
         )
-        return future.result(self.timeout)
 
     # ------------------------------------------------------------------ consuming
 

@@ -1,0 +1,627 @@
+"""The broker end to end: real router and writer processes, driven through the SDK,
+each figure beside the bare loop or bare socket pattern it is built on, measured in the
+same run.
+
+Ceilings (raw Python, no Relay code):
+- (a) write + fsync + rename + directory fsync, one message at a time (msg/s, p50 µs);
+- (b) the same batched by 100: write all, one ``syncfs``, rename all, one directory
+  fsync per batch (msg/s);
+- (c) pyzmq DEALER ⇄ ROUTER echo over ipc:// with another process (p50 µs, msgs/s with
+  1 and with 100 in flight);
+- (d) pyzmq PUB → SUB over ipc:// from another process (msgs/s received).
+
+Relay: durable publish with 1 in flight (one endpoint) and with 100 in flight (8
+endpoints spread over the shards), for 1 and 2 shards; publish → consumer handler
+latency at an offered 1,000 msg/s; signals received by a second client's ``on_signal``
+with 100 signal requests in flight, and the rate of ``client.signal`` in a loop.
+
+Every figure is the median of ``rounds`` interleaved rounds (all contenders once per
+round, Relay beside its ceiling). The broker homes and the raw files live on a real disk
+(``/tmp`` when it is not tmpfs, else ``bench/results/tmp``): fsync must cost what it costs.
+Rate limiting and backpressure stay enabled with limits the bench cannot reach, so their
+checks are on the measured path; every publish must come back delivered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from bench.bench_storage import fs_type
+from bench.common import Row, rate
+from sdk.client import Client
+from sdk.types import Signal, SignalType
+from workers.syncfs import syncfs
+
+SHARD_COUNTS = (1, 2)
+SUBJECT = "relay.agent.bench"
+PAYLOAD = {"content": "x" * 300, "performative": "inform"}  # ~ a chat turn
+SENDER = f"{SUBJECT}.producer"
+SINGLE_N = 1000  # 1-in-flight publishes (and raw single writes) per round
+PIPELINED_N = 3000  # 100-in-flight publishes (and raw batched writes) per round
+INFLIGHT = 100
+RAW_BATCH = 100
+ENDPOINTS = 8  # for 100 in flight, spread evenly over the shards
+RT_N = 3000  # raw DEALER/ROUTER round trips, 1 in flight
+RT_PIPELINED_N = 20_000  # raw DEALER/ROUTER messages, 100 in flight
+PUBSUB_N = 50_000  # raw PUB/SUB messages
+SIGNAL_N = 10_000  # signals through the broker, 100 requests in flight
+SIGNAL_SYNC_N = 2000  # client.signal() in a loop
+OFFERED_RATE = 1000  # msg/s, for the handler latency
+OFFERED_SECONDS = 3.0
+WARMUP = 200
+
+_OPEN_NEW = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC
+_TOPIC = b"relay.signal.bench"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _pct(values: list[float], q: float) -> float:
+    """Nearest-rank percentile, q in 0..100."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+def _interleave(rounds: int, contenders: dict[str, Callable[[], dict[str, float]]]):
+    """Each contender once per round, in order; the median of each figure over rounds."""
+    seen: dict[str, dict[str, list[float]]] = {name: {} for name in contenders}
+    for _ in range(rounds):
+        for name, run_once in contenders.items():
+            for key, value in run_once().items():
+                seen[name].setdefault(key, []).append(value)
+    return {
+        name: {key: statistics.median(values) for key, values in figures.items()}
+        for name, figures in seen.items()
+    }
+
+
+def base_dir() -> Path:
+    """A fresh directory on a real disk: under /tmp unless /tmp is tmpfs."""
+    parent = "/tmp"
+    if fs_type(parent) in ("tmpfs", "ramfs"):
+        parent = str(Path(__file__).parent / "results" / "tmp")
+        os.makedirs(parent, exist_ok=True)
+    if fs_type(parent) in ("tmpfs", "ramfs"):
+        raise SystemExit(f"{parent} is {fs_type(parent)}: fsync costs nothing there")
+    return Path(tempfile.mkdtemp(prefix="relay-bench-", dir=parent))
+
+
+def _envelope(n: int) -> bytes:
+    """A message file about the size the broker writes for PAYLOAD."""
+    return json.dumps(
+        {
+            "id": f"01JDQ3ZV9R6Q4W1T3M{n:08d}",
+            "subject": f"{SUBJECT}.e0",
+            "from": SENDER,
+            "replyTo": None,
+            "createdAt": 1_764_108_000_000 + n,
+            "budget": {
+                "hopCount": 1,
+                "maxHops": 5,
+                "ancestorChain": [f"{SUBJECT}.e0"],
+                "ttl": 1_764_111_600_000,
+                "callBudgetRemaining": 9,
+            },
+            "payload": PAYLOAD,
+        }
+    ).encode()
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def endpoint_hash(subject: str) -> str:
+    return hashlib.sha256(subject.encode()).hexdigest()[:12]
+
+
+def spread_subjects(count: int, shards: int) -> list[str]:
+    """``count`` endpoint subjects, as many on each shard as the count allows."""
+    per_shard = count // shards
+    taken: dict[int, list[str]] = {k: [] for k in range(shards)}
+    n = 0
+    while any(len(v) < per_shard for v in taken.values()):
+        subject = f"{SUBJECT}.e{n}"
+        shard = int(endpoint_hash(subject), 16) % shards
+        if len(taken[shard]) < per_shard:
+            taken[shard].append(subject)
+        n += 1
+    return [s for k in range(shards) for s in taken[k]]
+
+
+# --------------------------------------------------------------------------- raw disk
+
+
+class RawDisk:
+    """The bare write paths, each round in fresh directories (no deleted-file slots)."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.count = 0
+        self.data = [_envelope(n) for n in range(max(SINGLE_N, PIPELINED_N))]
+
+    def _dirs(self) -> tuple[str, str]:
+        self.count += 1
+        root = self.base / f"raw-{self.count}"
+        (root / "tmp").mkdir(parents=True)
+        (root / "new").mkdir()
+        return str(root / "tmp"), str(root / "new")
+
+    def single(self) -> dict[str, float]:
+        tmp, new = self._dirs()
+        latencies = []
+        start = time.perf_counter()
+        for n in range(SINGLE_N):
+            t0 = time.perf_counter_ns()
+            path = f"{tmp}/{n}"
+            fd = os.open(path, _OPEN_NEW, 0o600)
+            os.write(fd, self.data[n])
+            os.fsync(fd)
+            os.close(fd)
+            os.rename(path, f"{new}/{n}")
+            _fsync_dir(new)
+            latencies.append((time.perf_counter_ns() - t0) / 1000)
+        elapsed = time.perf_counter() - start
+        return {
+            "rate": rate(SINGLE_N, elapsed),
+            "p50": _pct(latencies, 50),
+            "p99": _pct(latencies, 99),
+        }
+
+    def batched(self) -> dict[str, float]:
+        tmp, new = self._dirs()
+        start = time.perf_counter()
+        for first in range(0, PIPELINED_N, RAW_BATCH):
+            batch = range(first, min(first + RAW_BATCH, PIPELINED_N))
+            for n in batch:
+                fd = os.open(f"{tmp}/{n}", _OPEN_NEW, 0o600)
+                os.write(fd, self.data[n])
+                os.close(fd)
+            fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                syncfs(fd)
+            finally:
+                os.close(fd)
+            for n in batch:
+                os.rename(f"{tmp}/{n}", f"{new}/{n}")
+            _fsync_dir(new)
+        return {"rate": rate(PIPELINED_N, time.perf_counter() - start)}
+
+
+# --------------------------------------------------------------------------- raw zmq
+
+
+def _raw_peer(rt_address: str, pub_address: str) -> None:
+    """Child process: a ROUTER that echoes, and a PUB that sends on command."""
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(rt_address)
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.SNDHWM, 0)
+    pub.bind(pub_address)
+    body = json.dumps(_signal_wire(0)).encode()  # the size of a Relay signal frame
+    while True:
+        frames = router.recv_multipart()
+        if frames[1] == b"stop":
+            router.send_multipart(frames)
+            break
+        if frames[1] != b"pub":
+            router.send_multipart(frames)
+            continue
+        # Probe until the subscriber says go (its subscription has reached us), then send.
+        count = int(frames[2])
+        while not router.poll(1):
+            pub.send_multipart([_TOPIC + b".probe", b""])
+        go = router.recv_multipart()
+        for _ in range(count):
+            pub.send_multipart([_TOPIC + b".data", body])
+        pub.send_multipart([_TOPIC + b".end", b""])
+        router.send_multipart(go)
+    ctx.destroy(0)
+
+
+class RawZmq:
+    def __init__(self, base: Path) -> None:
+        self.rt_address = f"ipc://{base}/raw-rt.sock"
+        self.pub_address = f"ipc://{base}/raw-pub.sock"
+        self.peer = multiprocessing.get_context("spawn").Process(
+            target=_raw_peer, args=(self.rt_address, self.pub_address), daemon=True
+        )
+        self.peer.start()
+        self.ctx = zmq.Context()
+        self.dealer = self.ctx.socket(zmq.DEALER)
+        self.dealer.connect(self.rt_address)
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.RCVHWM, 0)
+        self.sub.setsockopt(zmq.SUBSCRIBE, _TOPIC)
+        self.sub.connect(self.pub_address)
+        self.request = [b"RLY1", json.dumps({"op": "publish", **PAYLOAD}).encode()]
+        self.dealer.send_multipart(self.request)  # wait for the peer to be up
+        if not self.dealer.poll(30_000):
+            raise RuntimeError("raw zmq peer did not start")
+        self.dealer.recv_multipart()
+
+    def round_trip(self) -> dict[str, float]:
+        latencies = []
+        send, recv = self.dealer.send_multipart, self.dealer.recv_multipart
+        start = time.perf_counter()
+        for _ in range(RT_N):
+            t0 = time.perf_counter_ns()
+            send(self.request)
+            recv()
+            latencies.append((time.perf_counter_ns() - t0) / 1000)
+        elapsed = time.perf_counter() - start
+        return {"p50": _pct(latencies, 50), "rate": rate(RT_N, elapsed)}
+
+    def pipelined(self) -> dict[str, float]:
+        send, recv = self.dealer.send_multipart, self.dealer.recv_multipart
+        start = time.perf_counter()
+        for _ in range(INFLIGHT):
+            send(self.request)
+        for sent in range(INFLIGHT, RT_PIPELINED_N + INFLIGHT):
+            recv()
+            if sent < RT_PIPELINED_N:
+                send(self.request)
+        return {"rate": rate(RT_PIPELINED_N, time.perf_counter() - start)}
+
+    def pubsub(self) -> dict[str, float]:
+        self.dealer.send_multipart([b"pub", str(PUBSUB_N).encode()])
+        while not self.sub.recv_multipart()[0].endswith(b".probe"):
+            pass
+        self.dealer.send_multipart([b"go"])
+        received, first, last = 0, 0.0, 0.0
+        while True:
+            topic = self.sub.recv_multipart()[0]
+            if topic.endswith(b".data"):
+                last = time.perf_counter()
+                if not received:
+                    first = last
+                received += 1
+            elif topic.endswith(b".end"):
+                break
+        self.dealer.recv_multipart()
+        if received != PUBSUB_N:
+            raise RuntimeError(f"raw PUB/SUB lost messages: {received}/{PUBSUB_N}")
+        return {"rate": rate(received - 1, last - first)}
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.dealer.send_multipart([b"stop"])
+            self.dealer.poll(2000)
+        self.peer.join(5)
+        if self.peer.is_alive():
+            self.peer.terminate()
+            self.peer.join(5)
+        self.ctx.destroy(0)
+
+
+# --------------------------------------------------------------------------- Relay
+
+
+def _signal_wire(n: int, round_no: int = 0) -> dict[str, Any]:
+    return Signal(
+        SignalType.PROGRESS,
+        "running",
+        f"{SUBJECT}.sig",
+        int(time.time() * 1000),
+        {"round": round_no, "n": n},
+    ).to_wire()
+
+
+class RelayBroker:
+    """One broker (router + N writers) and the clients the contenders use."""
+
+    def __init__(self, shards: int, home: Path) -> None:
+        from tests.harness import Broker  # real processes, its own home
+
+        self.shards = shards
+        self.broker = Broker(shards=shards, home=home)
+        self.round = 0
+        self.lock = threading.Lock()
+        try:
+            self.broker.start()
+            self._setup()
+        except BaseException:
+            self.broker.cleanup()
+            raise
+
+    def _setup(self) -> None:
+        self.publisher = self.broker.client(timeout=30)
+        self.receiver = self.broker.client(timeout=30)
+        self.publisher.set_config(
+            {"rateLimit": {"maxPerWindow": 10**9}, "backpressure": {"maxMailboxSize": 10**9}}
+        )
+        self.single = f"{SUBJECT}.single"
+        self.spread = spread_subjects(ENDPOINTS, self.shards)
+        self.sink = f"{SUBJECT}.sink"
+        for subject in [self.single, self.sink, *self.spread]:
+            self.publisher.register_endpoint(subject)
+
+        self.latencies: list[float] = []
+        self.receiver.subscribe(self.sink, self._on_message)
+        self.signals_seen = 0
+        self.signal_times: list[float] = []
+        self.receiver.on_signal(f"{SUBJECT}.sig", self._on_signal)
+        # The SUB socket connects asynchronously: signal until the handler hears one.
+        deadline = time.monotonic() + 10
+        while not self.signals_seen:
+            if time.monotonic() > deadline:
+                raise RuntimeError("on_signal handler never received a signal")
+            self.publisher.signal(f"{SUBJECT}.sig", Signal.from_wire(_signal_wire(0, -1)))
+            time.sleep(0.01)
+        # Warm every path once (imports, caches, SQLite pages) before measuring.
+        self.publish_single(WARMUP)
+        self.publish_pipelined(WARMUP)
+
+    def _on_message(self, envelope: Any) -> None:
+        now = time.monotonic_ns()
+        payload = envelope.payload
+        if payload.get("round") == self.round:
+            with self.lock:
+                self.latencies.append((now - payload["t"]) / 1000)
+
+    def _on_signal(self, subject: str, signal: Signal) -> None:
+        if signal.data and signal.data.get("round") == self.round:
+            self.signal_times.append(time.perf_counter())
+        self.signals_seen += 1
+
+    @staticmethod
+    def _check(result: Any) -> None:
+        if result.delivered_to != 1 or result.rejected:
+            raise RuntimeError(f"publish not delivered: {result}")
+
+    def publish_single(self, count: int = SINGLE_N) -> dict[str, float]:
+        publish, latencies = self.publisher.publish, []
+        start = time.perf_counter()
+        for _ in range(count):
+            t0 = time.perf_counter_ns()
+            result = publish(self.single, PAYLOAD, sender=SENDER)
+            latencies.append((time.perf_counter_ns() - t0) / 1000)
+            self._check(result)
+        elapsed = time.perf_counter() - start
+        return {
+            "rate": rate(count, elapsed),
+            "p50": _pct(latencies, 50),
+            "p99": _pct(latencies, 99),
+        }
+
+    def publish_pipelined(self, count: int = PIPELINED_N) -> dict[str, float]:
+        slots = threading.Semaphore(INFLIGHT)
+        done = threading.Event()
+        errors: list[BaseException] = []
+        finished = [0]
+
+        def on_done(future: Any) -> None:
+            try:
+                self._check(future.result())
+            except BaseException as exc:
+                errors.append(exc)
+            slots.release()
+            finished[0] += 1  # only the client's I/O thread runs this callback
+            if finished[0] == count:
+                done.set()
+
+        publish_async, targets = self.publisher.publish_async, self.spread
+        start = time.perf_counter()
+        for n in range(count):
+            slots.acquire()
+            publish_async(targets[n % len(targets)], PAYLOAD, sender=SENDER).add_done_callback(
+                on_done
+            )
+        if not done.wait(60):
+            raise RuntimeError(f"only {finished[0]}/{count} publishes answered within 60 s")
+        elapsed = time.perf_counter() - start
+        if errors:
+            raise errors[0]
+        return {"rate": rate(count, elapsed)}
+
+    def handler_latency(self) -> dict[str, float]:
+        """Publish at a fixed offered rate; the consumer's handler notes each arrival."""
+        self.round += 1
+        with self.lock:
+            self.latencies = []
+        count = int(OFFERED_RATE * OFFERED_SECONDS)
+        futures = []
+        start = time.monotonic()
+        for n in range(count):
+            delay = start + n / OFFERED_RATE - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            payload = {**PAYLOAD, "round": self.round, "t": time.monotonic_ns()}
+            futures.append(self.publisher.publish_async(self.sink, payload, sender=SENDER))
+        for future in futures:
+            self._check(future.result(30))
+        deadline = time.monotonic() + 30
+        while len(self.latencies) < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"handler saw {len(self.latencies)}/{count} messages")
+            time.sleep(0.01)
+        with self.lock:
+            latencies = list(self.latencies)
+        return {"p50": _pct(latencies, 50), "p99": _pct(latencies, 99)}
+
+    def signals_pipelined(self) -> dict[str, float]:
+        """Signals received by the second client's on_signal, 100 requests in flight."""
+        self.round += 1
+        self.signal_times = []
+        slots = threading.Semaphore(INFLIGHT)
+        subject = f"{SUBJECT}.sig"
+        request = self.publisher.request
+        for n in range(SIGNAL_N):
+            slots.acquire()
+            future = request("signal", subject=subject, signal=_signal_wire(n, self.round))
+            future.add_done_callback(lambda _f: slots.release())
+        deadline, seen = time.monotonic() + 10, -1
+        while len(self.signal_times) < SIGNAL_N and time.monotonic() < deadline:
+            if len(self.signal_times) != seen:  # still arriving: wait on
+                seen, deadline = len(self.signal_times), time.monotonic() + 2
+            time.sleep(0.01)
+        times = list(self.signal_times)
+        if len(times) < SIGNAL_N * 0.99:
+            raise RuntimeError(f"on_signal received {len(times)}/{SIGNAL_N} signals")
+        return {"rate": rate(len(times) - 1, times[-1] - times[0]), "lost": SIGNAL_N - len(times)}
+
+    def signals_sync(self) -> dict[str, float]:
+        signal = Signal.from_wire(_signal_wire(0, -1))
+        subject, send = f"{SUBJECT}.sig", self.publisher.signal
+        start = time.perf_counter()
+        for _ in range(SIGNAL_SYNC_N):
+            send(subject, signal)
+        return {"rate": rate(SIGNAL_SYNC_N, time.perf_counter() - start)}
+
+    def cleanup(self) -> None:
+        self.broker.cleanup()
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def rows(rounds: int = 3) -> list[Row]:
+    base = base_dir()
+    brokers: dict[int, RelayBroker] = {}
+    raw_zmq: RawZmq | None = None
+    try:
+        disk = RawDisk(base)
+        raw_zmq = RawZmq(base)
+        for shards in SHARD_COUNTS:
+            brokers[shards] = RelayBroker(shards, base / f"home-{shards}")
+        contenders: dict[str, Callable[[], dict[str, float]]] = {"raw_single": disk.single}
+        for k, b in brokers.items():
+            contenders[f"single_{k}"] = b.publish_single
+        contenders["raw_batched"] = disk.batched
+        for k, b in brokers.items():
+            contenders[f"pipelined_{k}"] = b.publish_pipelined
+        contenders["raw_rt"] = raw_zmq.round_trip
+        contenders["raw_rt_pipelined"] = raw_zmq.pipelined
+        for k, b in brokers.items():
+            contenders[f"signal_sync_{k}"] = b.signals_sync
+        contenders["raw_pubsub"] = raw_zmq.pubsub
+        for k, b in brokers.items():
+            contenders[f"signals_{k}"] = b.signals_pipelined
+        for k, b in brokers.items():
+            contenders[f"handler_{k}"] = b.handler_latency
+        m = _interleave(rounds, contenders)
+    finally:
+        for broker in brokers.values():
+            broker.cleanup()
+        if raw_zmq is not None:
+            raw_zmq.close()
+        shutil.rmtree(base, ignore_errors=True)
+    return _table(m, fs_type(str(base.parent)))
+
+
+def _table(m: dict[str, dict[str, float]], kind: str) -> list[Row]:
+    a, b = m["raw_single"], m["raw_batched"]
+    rt, rt_pipe, pubsub = m["raw_rt"], m["raw_rt_pipelined"], m["raw_pubsub"]
+    out: list[Row] = []
+    for k in SHARD_COUNTS:
+        single, pipe = m[f"single_{k}"], m[f"pipelined_{k}"]
+        shard = f"{k} shard{'s' if k > 1 else ''}"
+        out += [
+            Row(
+                f"publish, 1 in flight, {shard} ({kind})",
+                single["rate"],
+                "msg/s",
+                "(a) write+fsync+rename+dir fsync, one at a time",
+                a["rate"],
+            ),
+            Row(
+                f"publish, 1 in flight, {shard}: p50",
+                single["p50"],
+                "us",
+                "(a) p50",
+                a["p50"],
+                "<= 2x (a) p50",
+                single["p50"] <= 2 * a["p50"],
+            ),
+            Row(f"publish, 1 in flight, {shard}: p99", single["p99"], "us", "(a) p99", a["p99"]),
+            Row(
+                f"publish, 1 in flight, {shard}: p50",
+                single["p50"],
+                "us",
+                "(c) DEALER/ROUTER round trip p50",
+                rt["p50"],
+            ),
+            Row(
+                f"publish, {INFLIGHT} in flight, {ENDPOINTS} endpoints, {shard}",
+                pipe["rate"],
+                "msg/s",
+                f"(b) batched by {RAW_BATCH}: syncfs + 1 dir fsync",
+                b["rate"],
+                ">= 80% of (b)",
+                pipe["rate"] >= 0.8 * b["rate"],
+            ),
+            Row(
+                f"publish, {INFLIGHT} in flight, {ENDPOINTS} endpoints, {shard}",
+                pipe["rate"],
+                "msg/s",
+                f"(c) DEALER/ROUTER, {INFLIGHT} in flight",
+                rt_pipe["rate"],
+            ),
+        ]
+    for k in SHARD_COUNTS:
+        handler = m[f"handler_{k}"]
+        what = f"publish -> handler @ {OFFERED_RATE:,}/s, {k} shard{'s' if k > 1 else ''}"
+        out += [
+            Row(
+                f"{what}: p50",
+                handler["p50"],
+                "us",
+                "(a) p50",
+                a["p50"],
+                "<= 1 ms",
+                handler["p50"] <= 1000,
+            ),
+            Row(f"{what}: p99", handler["p99"], "us", "(a) p99", a["p99"]),
+        ]
+    for k in SHARD_COUNTS:
+        signals, sync = m[f"signals_{k}"], m[f"signal_sync_{k}"]
+        lost = f", {signals['lost']:.0f} lost" if signals["lost"] else ""
+        out += [
+            Row(
+                f"signals received by on_signal, {INFLIGHT} in flight, {k} sh{lost}",
+                signals["rate"],
+                "sig/s",
+                "(d) PUB/SUB",
+                pubsub["rate"],
+                ">= 50% of (d)",
+                signals["rate"] >= 0.5 * pubsub["rate"],
+            ),
+            Row(
+                f"client.signal() in a loop, {k} sh",
+                sync["rate"],
+                "req/s",
+                "(c) DEALER/ROUTER, 1 in flight",
+                rt["rate"],
+            ),
+        ]
+    return out
+
+
+if __name__ == "__main__":
+    for row in rows():
+        ratio = f"{row.ratio:.2f}x" if row.ratio is not None else "-"
+        verdict = "" if row.met is None else ("met" if row.met else "NOT met")
+        print(
+            f"{row.metric:<56} {row.relay:>10,.0f} {row.unit:<6} "
+            f"{row.ceiling_name}: {row.ceiling:,.0f} ({ratio}) {row.goal} {verdict}"
+        )
