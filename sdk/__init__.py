@@ -1,5 +1,6 @@
 """Relay's Python SDK: `connect()` to a broker; the types and errors of the protocol."""
 
+from sdk.aio import AsyncClient
 from sdk.client import Client, connect
 from sdk.errors import RelayError
 from sdk.types import (
@@ -17,6 +18,7 @@ from sdk.types import (
 
 __all__ = [
     "AccessRule",
+    "AsyncClient",
     "Budget",
     "Client",
     "EndpointInfo",

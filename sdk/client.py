@@ -88,8 +88,10 @@ class Client:
         self._io_ready.wait(5)
         try:
             self.server = self._call("hello", client=f"python-sdk/{os.getpid()}")
-        except Timeout:
+        except RelayError as exc:
             self.close()
+            if not isinstance(exc, Timeout):
+                raise
             raise Unavailable(
                 f"broker unavailable at {address}: no answer within {timeout:g} s "
                 "(is `relay up` running for this home?)"
@@ -161,7 +163,7 @@ class Client:
                     )
                 continue
             future = self._futures.pop(incoming.rid, None)
-            if future is None:
+            if future is None or future.cancelled():  # the caller gave up on it
                 continue
             worker = self._pending_subs.pop(incoming.rid, None)
             if worker is not None and incoming.ok:
@@ -187,25 +189,30 @@ class Client:
         self, op: str, *, before_send: _SubscriptionWorker | None = None, **fields: Any
     ) -> Future:
         """Send one request; the future holds the result or the typed error."""
-        if self._closed:
-            raise Unavailable("client is closed")
         rid = next(self._rids)
         future: Future = Future()
-        self._futures[rid] = future
-        if before_send is not None:
-            self._pending_subs[rid] = before_send
         frames = wire.encode_request(op, rid, **fields)
-        with self._lock:
+        with self._lock:  # close() takes it too: no send on a closed socket
+            if self._closed:
+                raise Unavailable("client is closed")
+            self._futures[rid] = future
+            if before_send is not None:
+                self._pending_subs[rid] = before_send
             self._outbox.send_multipart([b"R", *frames])
         return future
 
     def _call(self, op: str, *, timeout: float | None = None, **fields: Any) -> Any:
-        future = self.request(op, **fields)
+        return self._wait(self.request(op, **fields), op, timeout)
+
+    def _wait(self, future: Future, op: str, timeout: float | None = None) -> Any:
+        """The future's result within the deadline, or a typed Timeout."""
         limit = self.timeout if timeout is None else timeout
         try:
             return future.result(limit)
         except FutureTimeout:
-            raise Timeout(f"no reply to {op!r} from the broker within {limit:g} s") from None
+            raise Timeout(
+                f"no reply to {op!r} from the broker at {self.address} within {limit:g} s"
+            ) from None
 
     # ------------------------------------------------------------------ endpoints
 
@@ -247,6 +254,8 @@ class Client:
         result: Future = Future()
 
         def convert(done: Future) -> None:
+            if result.cancelled():
+                return
             try:
                 result.set_result(PublishResult.from_wire(done.result()))
             except BaseException as exc:
@@ -281,9 +290,8 @@ class Client:
 
         The answer's own replyTo is ``sender`` unless given, so the conversation can go on.
         """
-        return self.reply_async(envelope, payload, sender=sender, reply_to=reply_to).result(
-            self.timeout
-        )
+        future = self.reply_async(envelope, payload, sender=sender, reply_to=reply_to)
+        return self._wait(future, "publish")
 
     def reply_async(
         self, envelope: Envelope, payload: Any, *, sender: str, reply_to: str | None = None
@@ -322,15 +330,21 @@ class Client:
         worker = _SubscriptionWorker(self, handler, mode)
         future = self.request("subscribe", before_send=worker, **fields)
         try:
-            sub_id = future.result(self.timeout)["sub"]
-        except FutureTimeout:
-            raise Timeout(f"no reply to 'subscribe' within {self.timeout:g} s") from None
+            sub_id = self._wait(future, "subscribe")["sub"]
+        except Timeout:
+            # A late reply must not start a worker nobody can stop.
+            self._pending_subs = {r: w for r, w in self._pending_subs.items() if w is not worker}
+            raise
 
         def unsubscribe() -> None:
+            if sub_id not in self._subs:
+                return
+            # First the router stops pushing (pushes sent before its reply still reach
+            # the worker and are handled and acknowledged), then the worker stops.
+            with contextlib.suppress(RelayError):
+                self._call("unsubscribe", sub=sub_id)
             if self._subs.pop(sub_id, None) is not None:
                 worker.stop()
-                with contextlib.suppress(RelayError):
-                    self._call("unsubscribe", sub=sub_id)
 
         return unsubscribe
 
@@ -431,13 +445,16 @@ class Client:
     def close(self) -> None:
         if self._closed:
             return
+        # Messages pushed but not yet handled are dropped here: they stay claimed and are
+        # listed by pending(), rather than being handled with an ack that cannot go out.
+        for worker in list(self._subs.values()):
+            worker.stop(discard_queued=True)
         if self._io.is_alive() and hasattr(self, "server"):
             with contextlib.suppress(RelayError):
                 self._call("bye", timeout=1.0)
-        for worker in list(self._subs.values()):
-            worker.stop()
         self._subs.clear()
-        self._closed = True
+        with self._lock:
+            self._closed = True
         self._io.join(2)
         self._outbox.close(0)
         for future in list(self._futures.values()):
@@ -466,7 +483,11 @@ class _SubscriptionWorker:
     def start(self) -> None:
         self.thread.start()
 
-    def stop(self) -> None:
+    def stop(self, *, discard_queued: bool = False) -> None:
+        if discard_queued:
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    self.queue.get_nowait()
         self.queue.put(None)
 
     def _run(self) -> None:

@@ -1,0 +1,190 @@
+"""Behaviours of the sync SDK client (sdk/client.py) against real router and writer processes.
+
+Messaging through the broker is covered by tests/test_broker_*.py; these are about the
+client itself: its lifecycle, pipelining, threads and flow control.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import pytest
+
+from sdk.client import connect
+from sdk.errors import Unavailable
+from sdk.types import Envelope, StandardPayload
+from tests.harness import wait_for
+
+pytestmark = pytest.mark.integration
+
+A = "relay.agent.demo.a"
+B = "relay.agent.demo.b"
+SENDER = "relay.agent.demo.cli"
+
+
+def in_new(maildir: str) -> list[str]:
+    return sorted(name.split(",")[0] for name in os.listdir(os.path.join(maildir, "new")))
+
+
+def depth(client, subject: str) -> int:
+    return next(e["depth"] for e in client.status()["endpoints"] if e["subject"] == subject)
+
+
+def client_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("relay-client")]
+
+
+def test_context_manager_closes_cleanly_and_a_closed_client_is_unavailable(broker):
+    watcher = broker.client()
+    watcher.register_endpoint(A)
+    threads_before = set(client_threads())
+    with connect(broker.home.root) as client:
+        client.subscribe(A, lambda envelope: None)
+        client.on_signal(A, lambda subject, sig: None)
+        status = watcher.status()
+        assert status["clients"] == 2 and status["subscriptions"] == 1
+    # `bye` ended the session at once: no subscription waits for the 5 s silence
+    status = watcher.status()
+    assert status["clients"] == 1 and status["subscriptions"] == 0
+    wait_for(lambda: set(client_threads()) <= threads_before, what="the client's threads")
+    with pytest.raises(Unavailable, match="closed"):
+        client.status()
+    with pytest.raises(Unavailable, match="closed"):
+        client.publish(A, 1, sender=SENDER)
+    with pytest.raises(Unavailable, match="closed"):
+        client.publish_async(A, 1, sender=SENDER)
+    client.close()  # closing twice is harmless
+
+
+def test_two_hundred_publishes_in_flight_resolve_with_distinct_ids_in_order(broker):
+    client = broker.client()
+    info = client.register_endpoint(A)
+    client.set_config({"rateLimit": {"enabled": False}})  # 200 from one sender at once
+    futures = [client.publish_async(A, i, sender=SENDER) for i in range(200)]
+    results = [f.result(30) for f in futures]
+    ids = [r.message_id for r in results]
+    assert len(set(ids)) == 200
+    assert ids == sorted(ids), "ids increase in the order the publishes were sent"
+    assert all(r.delivered_to == 1 and r.rejected == () for r in results)
+    assert in_new(info.maildir_path) == ids
+    assert depth(client, A) == 200
+
+
+def test_unsubscribe_stops_deliveries_and_later_messages_wait_in_new(broker):
+    client = broker.client()
+    info = client.register_endpoint(A)
+    got: list[Envelope] = []
+    unsubscribe = client.subscribe(A, got.append)
+    first = client.publish(A, "before", sender=SENDER).message_id
+    wait_for(lambda: client.trace(first)["copies"][0]["state"] == "done", what="the ack")
+    unsubscribe()
+    assert client.status()["subscriptions"] == 0
+    later = [client.publish(A, i, sender=SENDER).message_id for i in range(3)]
+    assert in_new(info.maildir_path) == later
+    assert depth(client, A) == 3
+    assert [c["state"] for m in later for c in client.trace(m)["copies"]] == ["new"] * 3
+    assert [e.id for e in got] == [first]
+    unsubscribe()  # a second call does nothing
+    # nothing was lost: a new subscription gets the backlog
+    client.subscribe(A, got.append)
+    wait_for(lambda: len(got) == 4, what="the backlog")
+    assert [e.id for e in got] == [first, *later]
+
+
+def test_a_slow_handler_does_not_block_requests_from_the_same_client(broker):
+    client = broker.client(timeout=5)
+    client.register_endpoint(A)
+    client.register_endpoint(B)
+    entered, release = threading.Event(), threading.Event()
+    replies: list = []
+
+    def slow(envelope: Envelope) -> None:
+        # the handler thread itself can make requests: replies do not go through it
+        replies.append(client.reply(envelope, "ack-ish", sender=A))
+        entered.set()
+        release.wait(30)
+
+    client.subscribe(A, slow)
+    try:
+        client.publish(A, "work", sender=SENDER, reply_to=B)
+        assert entered.wait(10), "the handler started"
+        assert replies[0].delivered_to == 1
+        # while the handler blocks, the same client keeps publishing and asking
+        results = [client.publish(B, i, sender=SENDER, timeout=5) for i in range(5)]
+        assert all(r.delivered_to == 1 for r in results)
+        assert depth(client, B) == 6  # the reply and the five
+        assert client.pending(A)[0]["state"] == "claimed"
+    finally:
+        release.set()
+    wait_for(lambda: client.pending(A) == [], what="the slow handler's ack")
+
+
+def test_credit_bounds_the_messages_a_blocked_subscription_holds(broker):
+    client = broker.client()
+    info = client.register_endpoint(A)
+    started, release = threading.Event(), threading.Event()
+    handled: list[int] = []
+
+    def blocked(envelope: Envelope) -> None:
+        started.set()
+        release.wait(30)
+        handled.append(envelope.payload)
+
+    ids = [client.publish(A, i, sender=SENDER).message_id for i in range(6)]
+    client.subscribe(A, blocked, credit=2)
+    try:
+        assert started.wait(10)
+        claimed = wait_for(
+            lambda: len(client.pending(A)) == 2 and client.pending(A), what="two claimed"
+        )
+        assert sorted(p["id"] for p in claimed) == ids[:2]
+        # more publishes do not get past the credit either
+        ids += [client.publish(A, i, sender=SENDER).message_id for i in range(6, 8)]
+        assert sorted(p["id"] for p in client.pending(A)) == ids[:2]
+        assert in_new(info.maildir_path) == ids[2:]
+        assert depth(client, A) == 6
+        assert handled == []
+    finally:
+        release.set()
+    wait_for(lambda: len(handled) == 8, what="every message once released")
+    assert handled == list(range(8))
+    wait_for(lambda: client.pending(A) == [] and depth(client, A) == 0, what="all acked")
+
+
+def test_standard_payload_is_published_as_its_wire_dict(broker):
+    client = broker.client()
+    info = client.register_endpoint(A)
+    payload = StandardPayload(
+        content="hello",
+        sender_name="Frontend",
+        attachments=("/tmp/report.pdf",),
+        performative="request",
+        correlation_id="c-1",
+        platform_data={"slack": {"ts": "1.2"}},
+    )
+    wire = {
+        "content": "hello",
+        "senderName": "Frontend",
+        "attachments": ["/tmp/report.pdf"],
+        "performative": "request",
+        "correlationId": "c-1",
+        "platformData": {"slack": {"ts": "1.2"}},
+    }
+    got: list[Envelope] = []
+    client.subscribe(A, got.append)
+    message_id = client.publish(A, payload, sender=SENDER, reply_to=SENDER).message_id
+    wait_for(lambda: got, what="the message")
+    assert got[0].payload == wire == payload.to_wire()
+    assert StandardPayload.from_wire(got[0].payload) == payload
+    # replies convert it the same way
+    answer = client.reply(got[0], StandardPayload("thanks"), sender=A)
+    letters = client.dead_letters()  # SENDER has no endpoint: the reply is unroutable
+    assert [d["id"] for d in letters] == [answer.message_id]
+    assert letters[0]["envelope"]["payload"] == {"content": "thanks"}
+    # and the message file holds the wire dict
+    wait_for(lambda: client.trace(message_id)["copies"][0]["state"] == "done", what="the ack")
+    [name] = os.listdir(os.path.join(info.maildir_path, "cur"))
+    with open(os.path.join(info.maildir_path, "cur", name), "rb") as f:
+        assert json.load(f)["payload"] == wire
