@@ -42,7 +42,6 @@ import zmq
 
 from bench.bench_storage import fs_type
 from bench.common import Row, rate
-from sdk.client import Client
 from sdk.types import Signal, SignalType
 from workers.syncfs import syncfs
 
@@ -409,6 +408,7 @@ class RelayBroker:
         done = threading.Event()
         errors: list[BaseException] = []
         finished = [0]
+        lock = threading.Lock()
 
         def on_done(future: Any) -> None:
             try:
@@ -416,9 +416,10 @@ class RelayBroker:
             except BaseException as exc:
                 errors.append(exc)
             slots.release()
-            finished[0] += 1  # only the client's I/O thread runs this callback
-            if finished[0] == count:
-                done.set()
+            with lock:  # the I/O thread, or this one when the future is already done
+                finished[0] += 1
+                if finished[0] == count:
+                    done.set()
 
         publish_async, targets = self.publisher.publish_async, self.spread
         start = time.perf_counter()
@@ -529,13 +530,17 @@ def rows(rounds: int = 3) -> list[Row]:
     return _table(m, fs_type(str(base.parent)))
 
 
+def _shards(k: int) -> str:
+    return f"{k} shard{'s' if k > 1 else ''}"
+
+
 def _table(m: dict[str, dict[str, float]], kind: str) -> list[Row]:
     a, b = m["raw_single"], m["raw_batched"]
     rt, rt_pipe, pubsub = m["raw_rt"], m["raw_rt_pipelined"], m["raw_pubsub"]
     out: list[Row] = []
     for k in SHARD_COUNTS:
         single, pipe = m[f"single_{k}"], m[f"pipelined_{k}"]
-        shard = f"{k} shard{'s' if k > 1 else ''}"
+        shard = _shards(k)
         out += [
             Row(
                 f"publish, 1 in flight, {shard} ({kind})",
@@ -580,7 +585,7 @@ def _table(m: dict[str, dict[str, float]], kind: str) -> list[Row]:
         ]
     for k in SHARD_COUNTS:
         handler = m[f"handler_{k}"]
-        what = f"publish -> handler @ {OFFERED_RATE:,}/s, {k} shard{'s' if k > 1 else ''}"
+        what = f"publish -> handler @ {OFFERED_RATE:,}/s, {_shards(k)}"
         out += [
             Row(
                 f"{what}: p50",
@@ -598,7 +603,7 @@ def _table(m: dict[str, dict[str, float]], kind: str) -> list[Row]:
         lost = f", {signals['lost']:.0f} lost" if signals["lost"] else ""
         out += [
             Row(
-                f"signals received by on_signal, {INFLIGHT} in flight, {k} sh{lost}",
+                f"signals to on_signal, {INFLIGHT} in flight, {_shards(k)}{lost}",
                 signals["rate"],
                 "sig/s",
                 "(d) PUB/SUB",
@@ -607,7 +612,7 @@ def _table(m: dict[str, dict[str, float]], kind: str) -> list[Row]:
                 signals["rate"] >= 0.5 * pubsub["rate"],
             ),
             Row(
-                f"client.signal() in a loop, {k} sh",
+                f"client.signal() in a loop, {_shards(k)}",
                 sync["rate"],
                 "req/s",
                 "(c) DEALER/ROUTER, 1 in flight",

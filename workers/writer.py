@@ -23,20 +23,19 @@ import logging
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import zmq
 from inotify_simple import INotify
 from inotify_simple import flags as iflags
 
-from sdk.errors import RelayError, StorageError
+from sdk.errors import EndpointNotFound, RelayError, StorageError, UnknownOperation
 from sdk.ids import is_id
 from sdk.paths import UNROUTABLE, Home
 from workers import ingest
 from workers import protocol as proto
 from workers.index import MessageIndex, rebuild_from_maildir
-from workers.maildir import Mailbox, deliver_batch
+from workers.maildir import Mailbox, deliver_batch, parse_name
 from workers.records import MessageRecord, State
 
 log = logging.getLogger("relay.writer")
@@ -267,8 +266,6 @@ class Writer:
     def _mailbox(self, endpoint: str) -> Mailbox:
         mailbox = self.mailboxes.get(endpoint)
         if mailbox is None:
-            from sdk.errors import EndpointNotFound
-
             raise EndpointNotFound(f"no mailbox {endpoint!r} on shard {self.shard}")
         return mailbox
 
@@ -303,8 +300,6 @@ class Writer:
                     self.index, self.home.mailboxes, list(self.mailboxes)
                 )
             }
-        from sdk.errors import UnknownOperation
-
         raise UnknownOperation(f"writer has no operation {name!r}")
 
     def _purge(self, endpoint: str | None, changes: IndexChanges) -> int:
@@ -396,9 +391,7 @@ class IndexChanges:
 
 
 def _claimed_at(name: str) -> int:
-    from workers.maildir import parse_name
-
-    return parse_name(name)[1]
+    return parse_name(name).claimed_at
 
 
 def _failed_outbox(frames: list[bytes], exc: Exception) -> list[bytes]:
@@ -439,4 +432,3 @@ def main(home: Home, shard: int, shards: int) -> int:
     return 0
 
 
-__all__ = ["Path", "Writer", "main", "shard_of"]
