@@ -274,18 +274,19 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"shard {w['shard']}: " + (f"pid {w['pid']}" if w["pid"] else "down")
             for w in s["writers"]
         )
-        return "\n".join(
-            [
-                f"router pid {s['router']['pid']} on {s['router']['address']}",
-                f"writers: {writers}",
-                f"clients {s['clients']}, subscriptions {s['subscriptions']}, "
-                f"requests waiting on writers {s['pendingRequests']}",
-                _table(
-                    [(e["subject"], e["hash"], e["depth"]) for e in s["endpoints"]],
-                    ("ENDPOINT", "HASH", "WAITING"),
-                ),
-            ]
-        )
+        lines = [
+            f"router pid {s['router']['pid']} on {s['router']['address']}",
+            f"writers: {writers}",
+            f"clients {s['clients']}, subscriptions {s['subscriptions']}, "
+            f"requests waiting on writers {s['pendingRequests']}",
+        ]
+        lines += [f"{name} REFUSED: {why}" for name, why in s.get("fileErrors", {}).items()]
+        rows = [
+            (e["subject"], e["hash"], e["depth"], f"{e['pressure']:.0%}", e["breaker"]["state"])
+            for e in s["endpoints"]
+        ]
+        lines.append(_table(rows, ("ENDPOINT", "HASH", "WAITING", "PRESSURE", "BREAKER")))
+        return "\n".join(lines)
 
     _out(args, status, human)
     return 0

@@ -1,12 +1,16 @@
 """The publish pipeline as a pure function: what to store where, and why not elsewhere.
 
-`plan_publish` runs the per-publish policies in the declared order and returns a
-`PublishPlan`: one `Copy` per target endpoint, each either a delivery into ``new/`` or a
-dead letter into ``failed/`` with its reason. No I/O happens here; the router sends the
-plan to the writers. Order of the checks, per target endpoint:
+`plan_publish` runs the per-target policies in the declared order and returns a
+`PublishPlan`: one `Copy` per target endpoint, each a delivery into ``new/``, a dead
+letter into ``failed/`` with its reason, or a refusal that writes nothing. No I/O
+happens here; the router sends the plan to the writers. The per-sender rate limit runs
+before this, once per publish. Order of the checks, per target endpoint:
 
 1. access rule for (sender, target)      -> dead letter ``access_denied``
-2. budget (hops, cycle, TTL, calls)      -> dead letter ``budget_exceeded`` (its code
+2. the router's gate: backpressure, then the circuit breaker
+                                         -> refusal ``backpressure`` / ``circuit_open``
+                                            (reliability: never a dead letter)
+3. budget (hops, cycle, TTL, calls)      -> dead letter ``budget_exceeded`` (its code
                                             says which: hop_limit, cycle_detected, ...)
 
 A publish that matches no endpoint is one dead letter in the ``_unroutable`` mailbox
@@ -18,7 +22,7 @@ encodes the payload once, not ten times.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,23 +36,35 @@ NO_MATCH_REASON = "no matching endpoints"
 
 
 @dataclass(frozen=True, slots=True)
+class Refusal:
+    """A reliability rejection: reported to the publisher, nothing written."""
+
+    reason: str  # backpressure | circuit_open
+    detail: str  # "backpressure: mailbox full (1000/1000)"
+
+
+@dataclass(frozen=True, slots=True)
 class Copy:
     endpoint: str  # hash, or UNROUTABLE
     subject: str  # endpoint subject (the published subject for UNROUTABLE)
-    data: bytes  # the message file
+    data: bytes  # the message file (empty for a refusal)
     dead: DeadLetterInfo | None = None  # set when this copy is a dead letter
+    refusal: Refusal | None = None  # set when this copy is refused
+    probe: bool = False  # a half-open breaker's probe: its write outcome is the probe's
 
     @property
-    def rejection(self) -> tuple[str, str] | None:
-        """The (endpoint, reason) a publisher sees for a dead-lettered copy."""
-        if self.dead is None:
-            return None
-        return ("*" if self.endpoint == UNROUTABLE else self.endpoint, self.dead_category)
+    def delivered(self) -> bool:
+        return self.dead is None and self.refusal is None
 
     @property
-    def dead_category(self) -> str:
-        assert self.dead is not None
-        return _CATEGORY.get(self.dead.code, self.dead.code)
+    def rejection(self) -> tuple[str, str, str] | None:
+        """(endpoint, reason, detail) the publisher sees, or None for a delivery."""
+        key = "*" if self.endpoint == UNROUTABLE else self.endpoint
+        if self.refusal is not None:
+            return key, self.refusal.reason, self.refusal.detail
+        if self.dead is not None:
+            return key, _CATEGORY.get(self.dead.code, self.dead.code), self.dead.reason
+        return None
 
 
 # The reasons a PublishResult names are categories; the dead letter keeps the precise code.
@@ -76,8 +92,22 @@ class PublishPlan:
     copies: tuple[Copy, ...]
 
     @property
-    def deliveries(self) -> list[Copy]:
-        return [c for c in self.copies if c.dead is None]
+    def stores_something(self) -> bool:
+        """Whether any copy goes to a new/ (what the rate limiter counts)."""
+        return any(c.delivered for c in self.copies)
+
+    @property
+    def writes(self) -> list[Copy]:
+        """The copies a writer must store: deliveries and dead letters."""
+        return [c for c in self.copies if c.refusal is None]
+
+
+# The router's per-target reliability gate: (refusal or None, is_probe).
+Gate = Callable[[EndpointInfo], tuple[Refusal | None, bool]]
+
+
+def _open_gate(target: EndpointInfo) -> tuple[Refusal | None, bool]:
+    return None, False
 
 
 def encode_payload(payload: Any, max_bytes: int) -> bytes:
@@ -106,25 +136,32 @@ def plan_publish(
     rules: RuleSet,
     payload_json: bytes,
     now_ms: int,
+    gate: Gate = _open_gate,
 ) -> PublishPlan:
-    """Decide, for each target endpoint, a delivery or a dead letter (see module doc)."""
+    """Decide, for each target endpoint, a delivery, a dead letter or a refusal."""
     if not targets:
         dead = DeadLetterInfo(NO_MATCH_REASON, "no_match", now_ms, UNROUTABLE)
         data = encode_copy(request, request.subject, request.budget, payload_json, dead)
         return PublishPlan((Copy(UNROUTABLE, request.subject, data, dead),))
     copies = []
     for target in targets:
-        dead = None
+        dead, probe = None, False
         decision = rules.decide(request.sender, target.subject)
         if not decision.allowed:
             rule = decision.rule
             why = f"access denied by rule {rule.from_pattern} -> {rule.to_pattern}" if rule else ""
             dead = DeadLetterInfo(why or "access denied", "access_denied", now_ms, target.hash)
-        elif (violation := check_budget(request.budget, target.subject, now_ms)) is not None:
-            dead = DeadLetterInfo(violation.reason, violation.code, now_ms, target.hash)
+        else:
+            refusal, probe = gate(target)
+            if refusal is not None:
+                copies.append(Copy(target.hash, target.subject, b"", refusal=refusal))
+                continue
+            violation = check_budget(request.budget, target.subject, now_ms)
+            if violation is not None:
+                dead = DeadLetterInfo(violation.reason, violation.code, now_ms, target.hash)
         budget = request.budget if dead else advance(request.budget, target.subject)
         data = encode_copy(request, target.subject, budget, payload_json, dead)
-        copies.append(Copy(target.hash, target.subject, data, dead))
+        copies.append(Copy(target.hash, target.subject, data, dead, probe=probe))
     return PublishPlan(tuple(copies))
 
 

@@ -27,15 +27,20 @@ from typing import Any
 import zmq
 
 from broker import consumers as cons
+from broker.backpressure import Level, Pressure, pressure
+from broker.breaker import BreakerSettings, CircuitBreaker
 from broker.consumers import Consumers, EndpointQueue, Session
 from broker.control import ControlPlane
-from broker.publish import Copy, PublishRequest, encode_payload, plan_publish
+from broker.publish import Copy, PublishPlan, PublishRequest, Refusal, encode_payload, plan_publish
+from broker.ratelimit import RateLimiter
 from broker.rules import RuleSet
 from broker.sublist import Sublist
+from broker.watch import CONFIG_FILE, RULES_FILE, FileWatch
 from sdk import wire
 from sdk.errors import (
     AccessDenied,
     EndpointNotFound,
+    InvalidConfig,
     InvalidMessage,
     InvalidState,
     LimitExceeded,
@@ -51,6 +56,7 @@ from sdk.types import (
     AccessRule,
     Budget,
     EndpointInfo,
+    RuleAction,
     Signal,
     SignalType,
     default_budget,
@@ -85,7 +91,8 @@ class Pending:
     results: list[Any] = field(default_factory=list)
     shards: set[int] = field(default_factory=set)
     error: RelayError | None = None
-    copies: dict[str, Copy] = field(default_factory=dict)  # a publish's copies, by endpoint
+    copies: dict[str, Copy] = field(default_factory=dict)  # a publish's writes, by endpoint
+    outcomes: dict[str, str | None] = field(default_factory=dict)  # endpoint -> error or None
 
 
 class Router:
@@ -108,8 +115,13 @@ class Router:
         self.stopping = False
 
         self.control = ControlPlane(home.control_db, home.mailboxes)
-        self.config = self.control.get_config()
         self.rules = RuleSet(self.control.list_rules())
+        self.limiter = RateLimiter()
+        self.breakers: dict[str, CircuitBreaker] = {}
+        self.file_errors: dict[str, str] = {}  # config.json / access-rules.json -> problem
+        self._signalled: dict[tuple[str, str, str], int] = {}  # backpressure signal throttle
+        self._apply_config(self.control.get_config())
+        self.watch = FileWatch(self.home.root)
         self.endpoints: dict[str, EndpointInfo] = {}  # subject -> info
         self.by_hash: dict[str, EndpointInfo] = {}
         self.endpoint_trie: Sublist[str] = Sublist()  # concrete subject -> hash
@@ -156,6 +168,8 @@ class Router:
         for info in self.control.list_endpoints():
             self._add_endpoint(info)
         self.queues.setdefault(UNROUTABLE, EndpointQueue())
+        self._load_files({CONFIG_FILE, RULES_FILE})
+        self._seed_rate_limiter()
         log.info(
             "router on %s, %d shards, %d endpoints", self.address, self.shards, len(self.endpoints)
         )
@@ -180,9 +194,12 @@ class Router:
         poller.register(self.from_writers, zmq.POLLIN)
         for monitor in self._writer_monitors:
             poller.register(monitor, zmq.POLLIN)
+        poller.register(self.watch.fileno(), zmq.POLLIN)
         next_sweep = 0
         while not self.stopping:
             events = dict(poller.poll(POLL_MS))
+            if self.watch.fileno() in events:
+                self._load_files(self.watch.changed())
             for monitor, shard in self._writer_monitors.items():
                 if monitor in events:
                     monitor.recv_multipart()
@@ -208,6 +225,7 @@ class Router:
 
     def close(self) -> None:
         self.control.close()
+        self.watch.close()
         for sock in self.to_writers:
             sock.disable_monitor()
         for sock in (
@@ -229,6 +247,9 @@ class Router:
             if job.deadline > now:
                 break  # insertion order is deadline order
             self._forget(token)
+            for endpoint, copy in job.copies.items():
+                if endpoint not in job.outcomes:  # a writer never answered: a failure
+                    self._breaker_outcome(copy, success=False, now=now)
             shards = ", ".join(str(s) for s in sorted(job.shards)) or "?"
             self._reply_error(
                 job.client,
@@ -238,6 +259,7 @@ class Router:
                     f"{WRITER_DEADLINE_MS / 1000:g} s; is it running?"
                 ),
             )
+        self.limiter.forget_idle(now)
         for identity in self.consumers.expired(now):
             log.info(
                 "client %s silent for %d ms: session ended", identity.hex(), cons.SESSION_TIMEOUT_MS
@@ -316,36 +338,41 @@ class Router:
         raw_budget = req.get("budget")
         budget = default_budget(now) if raw_budget is None else Budget.from_wire(raw_budget)
         message_id = new_id(now)
+        if self.config["rateLimit"]["enabled"]:
+            verdict = self.limiter.check(sender, now)
+            if not verdict.allowed:  # before fan-out; nothing is written
+                return {
+                    "messageId": message_id,
+                    "deliveredTo": 0,
+                    "rejected": [["*", "rate_limited"]],
+                    "mailboxPressure": {},
+                    "details": {"*": verdict.reason},
+                }
         request = PublishRequest(message_id, subject, sender, reply_to, budget, now, payload_json)
-        plan = plan_publish(request, self._targets(subject), self.rules, payload_json, now)
-
-        def finish(job: Pending) -> dict[str, Any]:
-            delivered, rejected, details = 0, [], {}
-            for copy, outcome in job.results:
-                if copy.dead is not None:
-                    endpoint, reason = copy.rejection
-                    rejected.append([endpoint, reason])
-                    details[endpoint] = copy.dead.reason
-                elif outcome is None:
-                    delivered += 1
-                else:
-                    rejected.append([copy.endpoint, "storage_error"])
-                    details[copy.endpoint] = outcome
-            return {
-                "messageId": message_id,
-                "deliveredTo": delivered,
-                "rejected": rejected,
-                "mailboxPressure": self._pressure(
-                    c.endpoint for c, _ in job.results if c.endpoint != UNROUTABLE
-                ),
-                "details": details,
-            }
-
-        job = self._new_job(session, req, len(plan.copies), finish)
+        plan = plan_publish(
+            request,
+            self._targets(subject),
+            self.rules,
+            payload_json,
+            now,
+            gate=lambda target: self._gate(target.hash, sender, now),
+        )
+        if plan.stores_something and self.config["rateLimit"]["enabled"]:
+            self.limiter.record(sender, now)
+        writes = plan.writes
+        if not writes:
+            return self._publish_result(message_id, plan, {})
+        job = self._new_job(
+            session,
+            req,
+            len(writes),
+            lambda job: self._publish_result(message_id, plan, job.outcomes),
+        )
         token = self._register(job)
-        for copy in plan.copies:
+        for copy in writes:
             shard = shard_of(copy.endpoint, self.shards)
             job.shards.add(shard)
+            dead = copy.dead
             frames = proto.deliver(
                 token,
                 message_id,
@@ -354,16 +381,166 @@ class Router:
                 sender,
                 now,
                 copy.data,
-                target=proto.TARGET_FAILED if copy.dead else proto.TARGET_NEW,
-                reason=copy.dead.reason if copy.dead else None,
-                code=copy.dead.code if copy.dead else None,
-                failed_at=copy.dead.failed_at if copy.dead else None,
+                target=proto.TARGET_FAILED if dead else proto.TARGET_NEW,
+                reason=dead.reason if dead else None,
+                code=dead.code if dead else None,
+                failed_at=dead.failed_at if dead else None,
             )
+            job.copies[copy.endpoint] = copy
             if not self._to_writer(shard, frames):
                 self._forget(token)
+                for sent in job.copies.values():
+                    self._breaker_outcome(sent, success=False, now=now)
                 raise Unavailable(f"writer for shard {shard} is not running")
-            job.copies[copy.endpoint] = copy
         return _DEFERRED
+
+    def _publish_result(
+        self, message_id: str, plan: PublishPlan, outcomes: dict[str, str | None]
+    ) -> dict[str, Any]:
+        delivered, rejected, details = 0, [], {}
+        for copy in plan.copies:
+            rejection = copy.rejection
+            if rejection is None and outcomes.get(copy.endpoint) is not None:
+                rejection = (copy.endpoint, "storage_error", outcomes[copy.endpoint])
+            if rejection is None:
+                delivered += 1
+            else:
+                rejected.append([rejection[0], rejection[1]])
+                details[rejection[0]] = rejection[2]
+        touched = [c.endpoint for c in plan.copies if c.endpoint != UNROUTABLE]
+        return {
+            "messageId": message_id,
+            "deliveredTo": delivered,
+            "rejected": rejected,
+            "mailboxPressure": {e: self._pressure_of(e).ratio for e in touched},
+            "details": details,
+        }
+
+    # ------------------------------------------------------------------ reliability
+
+    def _apply_config(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.limiter.configure(config["rateLimit"])
+        settings = BreakerSettings.from_config(config["circuitBreaker"])
+        for breaker in self.breakers.values():
+            breaker.settings = settings
+
+    def _breaker(self, endpoint: str) -> CircuitBreaker:
+        breaker = self.breakers.get(endpoint)
+        if breaker is None:
+            settings = BreakerSettings.from_config(self.config["circuitBreaker"])
+            breaker = self.breakers[endpoint] = CircuitBreaker(settings)
+        return breaker
+
+    def _pressure_of(self, endpoint: str) -> Pressure:
+        section = self.config["backpressure"]
+        queue = self.queues.get(endpoint)
+        return pressure(
+            queue.depth if queue else 0,
+            section["maxMailboxSize"],
+            section["pressureWarningAt"],
+            section["enabled"],
+        )
+
+    def _gate(self, endpoint: str, sender: str, now: int) -> tuple[Refusal | None, bool]:
+        """Backpressure, then the circuit breaker, for one target of a publish."""
+        load = self._pressure_of(endpoint)
+        if load.level is not Level.OK:
+            self._backpressure_signal(endpoint, sender, load, now)
+        if load.reject:
+            return Refusal("backpressure", load.reason), False
+        if not self.config["circuitBreaker"]["enabled"]:
+            return None, False
+        breaker = self._breaker(endpoint)
+        admitted, probe = breaker.admit(now)
+        if not admitted:
+            return Refusal("circuit_open", breaker.reason(endpoint)), False
+        return None, probe
+
+    def _breaker_outcome(self, copy: Copy, *, success: bool, now: int) -> None:
+        if copy.endpoint == UNROUTABLE or not self.config["circuitBreaker"]["enabled"]:
+            return
+        breaker = self._breaker(copy.endpoint)
+        if copy.probe:
+            breaker.probe_done(success, now)
+        else:
+            breaker.record(success, now)
+
+    def _backpressure_signal(self, endpoint: str, sender: str, load: Pressure, now: int) -> None:
+        """Warn the sender and the endpoint, at most once a second per level and subject."""
+        info = self.by_hash.get(endpoint)
+        if info is None:
+            return
+        signal_ = Signal(
+            SignalType.BACKPRESSURE, load.level.value, info.subject, now, load.signal_data()
+        )
+        for subject in (sender, info.subject):
+            key = (endpoint, subject, load.level.value)
+            if now - self._signalled.get(key, -1000) >= 1000:
+                self._signalled[key] = now
+                self.signals.send_multipart(wire.encode_signal(subject, signal_.to_wire()))
+
+    def _seed_rate_limiter(self) -> None:
+        """The rate-limit window survives a restart: refill it from the indexes."""
+        since = now_ms() - self.limiter.window_secs * 1000
+        seen: dict[str, tuple[str, int]] = {}
+        with self._shard_indexes() as indexes:
+            for index in indexes:
+                for message_id, sender, created_at in index.recent_publishes(since):
+                    seen[message_id] = (sender, created_at)
+        self.limiter.seed(seen.values())
+
+    def _load_files(self, names: set[str]) -> None:
+        """Apply config.json / access-rules.json; a bad file is reported, never half-applied."""
+        if CONFIG_FILE in names:
+            self._load_config_file()
+        if RULES_FILE in names:
+            self._load_rules_file()
+
+    def _read_json(self, name: str) -> Any:
+        path = self.home.root / name
+        if not path.exists():
+            return _ABSENT
+        try:
+            return json.loads(path.read_bytes())
+        except (OSError, ValueError) as exc:
+            raise InvalidConfig(f"{name} is not valid JSON: {exc}") from None
+
+    def _load_config_file(self) -> None:
+        try:
+            data = self._read_json(CONFIG_FILE)
+            if data is _ABSENT:
+                return
+            config = self.control.replace_config(data)
+        except RelayError as exc:
+            self.file_errors[CONFIG_FILE] = str(exc)
+            log.error(
+                "%s refused, the last good configuration stays in force: %s", CONFIG_FILE, exc
+            )
+            return
+        self.file_errors.pop(CONFIG_FILE, None)
+        self._apply_config(config)
+        log.info("%s applied", CONFIG_FILE)
+
+    def _load_rules_file(self) -> None:
+        try:
+            data = self._read_json(RULES_FILE)
+            if data is _ABSENT:
+                return
+            if isinstance(data, dict):
+                data = data.get("rules")
+            if not isinstance(data, list):
+                raise InvalidConfig(f'{RULES_FILE} must be a list of rules (or {{"rules": [...]}})')
+            rules = [AccessRule.from_wire(r, path=f"rules[{i}]") for i, r in enumerate(data)]
+            self.rules = RuleSet(self.control.replace_rules(rules))
+        except RelayError as exc:
+            # Fail closed: a rules file that cannot be read must not mean "allow everything".
+            self.rules = RuleSet([AccessRule(">", ">", RuleAction.DENY, priority=2**31)])
+            self.file_errors[RULES_FILE] = str(exc)
+            log.error("%s refused: denying every publish until it is fixed: %s", RULES_FILE, exc)
+            return
+        self.file_errors.pop(RULES_FILE, None)
+        log.info("%s applied: %d rules", RULES_FILE, len(self.rules))
 
     def _targets(self, subject: str) -> list[EndpointInfo]:
         if has_wildcards(subject):
@@ -371,13 +548,6 @@ class Router:
             return sorted((self.by_hash[h] for h in hashes), key=lambda e: e.subject)
         info = self.endpoints.get(subject)
         return [info] if info else []
-
-    def _pressure(self, endpoints: Any) -> dict[str, float]:
-        limit = self.config["backpressure"]["maxMailboxSize"]
-        return {
-            e: min(1.0, self.queues[e].depth / limit) if e in self.queues else 0.0
-            for e in endpoints
-        }
 
     def _new_job(
         self, session: Session, req: wire.Request, remaining: int, on_done: Callable[[Pending], Any]
@@ -460,8 +630,14 @@ class Router:
         }
 
     def _endpoint_status(self, info: EndpointInfo) -> dict[str, Any]:
-        queue = self.queues.get(info.hash)
-        return {**info.to_wire(), "depth": queue.depth if queue else 0}
+        load = self._pressure_of(info.hash)
+        breaker = self.breakers.get(info.hash)
+        return {
+            **info.to_wire(),
+            "depth": load.depth,
+            "pressure": load.ratio,
+            "breaker": breaker.describe(now_ms()) if breaker else {"state": "closed"},
+        }
 
     def _op_subscribe(self, session: Session, req: wire.Request) -> Any:
         limits = self.config["limits"]
@@ -515,6 +691,8 @@ class Router:
             )
 
         def finish(job: Pending) -> Any:
+            if endpoint != UNROUTABLE and self.config["circuitBreaker"]["enabled"]:
+                self._breaker(endpoint).record(name == "done", now_ms())  # ack / nack
             if name == "done":
                 self._delivery_receipt(message_id, endpoint, sender)
             self._dispatch(endpoint)  # the credit given back may take the next message
@@ -612,13 +790,17 @@ class Router:
 
     def _op_add_rule(self, session: Session, req: wire.Request) -> Any:
         rule = self.control.add_rule(AccessRule.from_wire(req.get("rule")))
-        self.rules = RuleSet(self.control.list_rules())
+        self._reload_rules()
         return rule.to_wire()
 
     def _op_remove_rule(self, session: Session, req: wire.Request) -> Any:
         removed = self.control.remove_rule(_str(req, "from"), _str(req, "to"))
-        self.rules = RuleSet(self.control.list_rules())
+        self._reload_rules()
         return {"removed": removed}
+
+    def _reload_rules(self) -> None:
+        if RULES_FILE not in self.file_errors:  # a broken rules file keeps denying
+            self.rules = RuleSet(self.control.list_rules())
 
     def _op_list_rules(self, session: Session, req: wire.Request) -> Any:
         return {"rules": [r.to_wire() for r in self.rules.rules]}
@@ -630,7 +812,7 @@ class Router:
         partial = req.get("config")
         if not isinstance(partial, dict):
             raise InvalidMessage("request field 'config' must be a map")
-        self.config = self.control.set_config(partial)
+        self._apply_config(self.control.set_config(partial))
         return self.config
 
     def _op_status(self, session: Session, req: wire.Request) -> Any:
@@ -651,6 +833,7 @@ class Router:
                 for i in sorted(self.endpoints.values(), key=lambda e: e.subject)
             ],
             "unroutable": self._count(State.FAILED, UNROUTABLE),
+            "fileErrors": dict(self.file_errors),
         }
 
     def _op_trace(self, session: Session, req: wire.Request) -> Any:
@@ -795,7 +978,8 @@ class Router:
             return
         if stored_at is not None and copy.dead is None:
             self._on_new_message(message_id, endpoint, copy.data)
-        job.results.append((copy, None if stored_at is not None else f"{code}: {message}"))
+        self._breaker_outcome(copy, success=stored_at is not None, now=now_ms())
+        job.outcomes[endpoint] = None if stored_at is not None else f"{code}: {message}"
         self._progress(token, job)
 
     def _on_new_message(self, message_id: str, endpoint: str, data: bytes | None) -> None:
@@ -892,6 +1076,7 @@ class Router:
 
 
 _DEFERRED = object()  # the reply is sent later, when the writers have answered
+_ABSENT = object()  # an optional file that is not there
 
 Router._ops = {name[4:]: func for name, func in vars(Router).items() if name.startswith("_op_")}
 

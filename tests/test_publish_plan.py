@@ -38,9 +38,9 @@ def request(subject=A, payload=None, **budget):
     )
 
 
-def plan(req, targets, rules=()):
+def plan(req, targets, rules=(), **kwargs):
     payload = encode_payload(req.payload, 1 << 20)
-    return plan_publish(req, targets, RuleSet(rules), payload, NOW)
+    return plan_publish(req, targets, RuleSet(rules), payload, NOW, **kwargs)
 
 
 def test_delivered_copy_carries_the_advanced_budget_and_parses_as_an_envelope():
@@ -54,7 +54,8 @@ def test_delivered_copy_carries_the_advanced_budget_and_parses_as_an_envelope():
 
 def test_no_target_makes_one_unroutable_dead_letter():
     [copy] = plan(request("relay.agent.p.none"), []).copies
-    assert copy.endpoint == UNROUTABLE and copy.rejection == ("*", "no_match")
+    assert copy.endpoint == UNROUTABLE
+    assert copy.rejection == ("*", "no_match", "no matching endpoints")
     envelope, dead = parse_message_file(copy.data)
     assert dead.reason == "no matching endpoints" and envelope.subject == "relay.agent.p.none"
 
@@ -63,13 +64,13 @@ def test_access_is_checked_before_the_budget():
     rules = [AccessRule(SENDER, A, RuleAction.DENY)]
     [copy] = plan(request(hop_count=5), [endpoint(A)], rules).copies
     assert copy.dead.code == "access_denied"
-    assert copy.rejection == (endpoint_hash(A), "access_denied")
+    assert copy.rejection[:2] == (endpoint_hash(A), "access_denied")
 
 
 def test_budget_violation_is_a_dead_letter_with_the_precise_code_and_category():
     [copy] = plan(request(hop_count=5), [endpoint(A)]).copies
     assert (copy.dead.code, copy.dead.reason) == ("hop_limit", "max hops exceeded (5/5)")
-    assert copy.rejection == (endpoint_hash(A), "budget_exceeded")
+    assert copy.rejection == (endpoint_hash(A), "budget_exceeded", "max hops exceeded (5/5)")
 
 
 def test_fan_out_checks_each_target_on_its_own():
@@ -132,3 +133,25 @@ def test_spliced_file_equals_the_reference_encoding(payload, reply_to, published
         None if published == A else published,
     )
     assert data == reference.to_json()
+
+
+def test_reliability_gate_runs_after_access_and_before_the_budget():
+    from broker.publish import Refusal
+
+    asked = []
+
+    def gate(target):
+        asked.append(target.subject)
+        if target.subject == A:
+            return Refusal("backpressure", "backpressure: mailbox full (3/3)"), False
+        return None, True
+
+    rules = [AccessRule(SENDER, "relay.agent.p.c", RuleAction.DENY)]
+    targets = [endpoint(A), endpoint(B), endpoint("relay.agent.p.c")]
+    to_a, to_b, to_c = plan(
+        request("relay.agent.p.*", hop_count=5), targets, rules, gate=gate
+    ).copies
+    assert asked == [A, B]  # the denied target never reaches the gate
+    assert to_a.refusal.reason == "backpressure" and to_a.data == b"" and to_a.dead is None
+    assert to_b.dead.code == "hop_limit" and to_b.probe  # gate passed, then budget
+    assert to_c.dead.code == "access_denied"

@@ -119,9 +119,19 @@ COUNT_NEW_BY_ENDPOINT = (
 )
 # One count per publish: fan-out copies share the id; dead letters are not publishes
 # the sender got through (DESIGN.md, "Mistakes": the old limiter counted both).
+# A publish counts toward its sender's rate limit when it stored a copy in some new/:
+# any row but a dead letter made at publish time (later consumer failures still count).
+_COUNTED = (
+    "(state != 'failed' OR reason_code NOT IN ('no_match', 'access_denied', 'hop_limit', "
+    "'cycle_detected', 'ttl_expired', 'budget_exhausted'))"
+)
 COUNT_PUBLISHES = (
     "SELECT count(DISTINCT id) FROM messages "
-    "WHERE sender = ? AND created_at >= ? AND state != 'failed'"
+    f"WHERE sender = ? AND created_at >= ? AND {_COUNTED}"
+)
+RECENT_PUBLISHES = (
+    "SELECT id, sender, min(created_at) FROM messages "
+    f"WHERE created_at >= ? AND {_COUNTED} GROUP BY id"
 )
 COUNT_ALL = "SELECT count(*) FROM messages"
 COUNT_BY_STATE = "SELECT state, count(*) FROM messages GROUP BY state"
@@ -398,11 +408,15 @@ class MessageIndex:
     def count_publishes(self, sender: str, since_ms: int) -> int:
         """How many publishes ``sender`` made since ``since_ms`` that stored something.
 
-        One per message id however many endpoints it fanned out to; dead letters
-        (state failed, including later consumer failures) are not counted. Seeds the
-        router's rate-limit window at start.
+        One per message id however many endpoints it fanned out to; dead letters made
+        at publish time (no match, access, budget) are not counted, later consumer
+        failures are (the publish was delivered).
         """
         return self._conn.execute(COUNT_PUBLISHES, (sender, since_ms)).fetchone()[0]
+
+    def recent_publishes(self, since_ms: int) -> list[tuple[str, str, int]]:
+        """(id, sender, created_at) of every counted publish since ``since_ms``."""
+        return self._conn.execute(RECENT_PUBLISHES, (since_ms,)).fetchall()
 
     def metrics(self) -> dict:
         """``{"total": n, "by_state": {state: n}, "by_subject": {subject: n}}``."""
