@@ -870,6 +870,9 @@ class Router:
         shards = [shard_of(endpoint, self.shards)] if endpoint else range(self.shards)
         paths = [p for p in map(self.home.index_db, shards) if p.exists()]
         indexes = [MessageIndex(p, readonly=True) for p in paths]
+        for index in [i for i in indexes if i.schema_version == 0]:
+            index.close()  # its writer created the file and has not made the tables yet
+            indexes.remove(index)
         try:
             yield indexes
         finally:

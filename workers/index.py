@@ -126,8 +126,7 @@ _COUNTED = (
     "'cycle_detected', 'ttl_expired', 'budget_exhausted'))"
 )
 COUNT_PUBLISHES = (
-    "SELECT count(DISTINCT id) FROM messages "
-    f"WHERE sender = ? AND created_at >= ? AND {_COUNTED}"
+    f"SELECT count(DISTINCT id) FROM messages WHERE sender = ? AND created_at >= ? AND {_COUNTED}"
 )
 RECENT_PUBLISHES = (
     "SELECT id, sender, min(created_at) FROM messages "
