@@ -33,6 +33,7 @@ from broker.consumers import Consumers, EndpointQueue, Session
 from broker.control import ControlPlane
 from broker.publish import Copy, PublishPlan, PublishRequest, Refusal, encode_payload, plan_publish
 from broker.ratelimit import RateLimiter
+from broker.rejections import BACKPRESSURE, CIRCUIT_OPEN, RATE_LIMITED, RejectionLog
 from broker.rules import RuleSet
 from broker.sublist import Sublist
 from broker.watch import CONFIG_FILE, RULES_FILE, FileWatch
@@ -65,12 +66,13 @@ from workers import protocol as proto
 from workers.index import MessageIndex
 from workers.maildir import Mailbox
 from workers.records import MessageRecord, State
-from workers.writer import shard_of
+from workers.writer import is_mailbox_name, shard_of
 
 log = logging.getLogger("relay.router")
 
 WRITER_DEADLINE_MS = 10_000
 MAX_INFLIGHT_PER_CLIENT = 1024  # requests awaiting a writer, per client
+MAX_COMPACT_ITEMS = 10_000  # per compact_remove request (~0.5 MB of msgpack)
 POLL_MS = 250
 SERVER_NAME = "relay"
 
@@ -117,6 +119,7 @@ class Router:
         self.control = ControlPlane(home.control_db, home.mailboxes)
         self.rules = RuleSet(self.control.list_rules())
         self.limiter = RateLimiter()
+        self.rejections = RejectionLog(self.home.root / "rejections.db")  # for ops metrics
         self.breakers: dict[str, CircuitBreaker] = {}
         self.file_errors: dict[str, str] = {}  # config.json / access-rules.json -> problem
         self._signalled: dict[tuple[str, str, str], int] = {}  # backpressure signal throttle
@@ -128,6 +131,8 @@ class Router:
         self.queues: dict[str, EndpointQueue] = {}
         self.consumers = Consumers()
         self.pending: dict[int, Pending] = {}
+        # Copies decided while reading the client socket, per shard, sent after the pass.
+        self._outgoing: dict[int, list[tuple[list[Any], bytes]]] = {}
         self.writers: dict[int, int] = {}  # shard -> pid, from hello
         self._tokens = itertools.count(1)
         self.started_at = now_ms()
@@ -209,9 +214,11 @@ class Router:
                 self._drain(self.from_writers, self._on_writer)
             if self.clients in events:
                 self._drain(self.clients, self._on_client)
+                self._flush_deliveries()
             now = now_ms()
             if now >= next_sweep:
                 self._sweep(now)
+                self.rejections.flush_due(now)
                 next_sweep = now + POLL_MS
 
     @staticmethod
@@ -224,6 +231,7 @@ class Router:
             handle(frames)
 
     def close(self) -> None:
+        self.rejections.close()
         self.control.close()
         self.watch.close()
         for sock in self.to_writers:
@@ -341,6 +349,7 @@ class Router:
         if self.config["rateLimit"]["enabled"]:
             verdict = self.limiter.check(sender, now)
             if not verdict.allowed:  # before fan-out; nothing is written
+                self.rejections.record(now, RATE_LIMITED, "*", sender)
                 return {
                     "messageId": message_id,
                     "deliveredTo": 0,
@@ -368,31 +377,47 @@ class Router:
             len(writes),
             lambda job: self._publish_result(message_id, plan, job.outcomes),
         )
+        shards = {shard_of(copy.endpoint, self.shards) for copy in writes}
+        for shard in shards:
+            if shard not in self.writers:
+                for copy in writes:
+                    self._breaker_outcome(copy, success=False, now=now)
+                raise Unavailable(f"writer for shard {shard} is not running")
         token = self._register(job)
+        job.shards = shards
         for copy in writes:
-            shard = shard_of(copy.endpoint, self.shards)
-            job.shards.add(shard)
             dead = copy.dead
-            frames = proto.deliver(
+            header = proto.delivery_header(
                 token,
                 message_id,
                 copy.endpoint,
                 copy.subject,
                 sender,
                 now,
-                copy.data,
                 target=proto.TARGET_FAILED if dead else proto.TARGET_NEW,
                 reason=dead.reason if dead else None,
                 code=dead.code if dead else None,
                 failed_at=dead.failed_at if dead else None,
             )
             job.copies[copy.endpoint] = copy
-            if not self._to_writer(shard, frames):
-                self._forget(token)
-                for sent in job.copies.values():
-                    self._breaker_outcome(sent, success=False, now=now)
-                raise Unavailable(f"writer for shard {shard} is not running")
+            self._outgoing.setdefault(shard_of(copy.endpoint, self.shards), []).append(
+                (header, copy.data)
+            )
         return _DEFERRED
+
+    def _flush_deliveries(self) -> None:
+        """Send the copies decided in this pass: one message per shard (protocol.deliver)."""
+        outgoing, self._outgoing = self._outgoing, {}
+        for shard, items in outgoing.items():
+            if self._to_writer(shard, proto.deliver(items)):
+                continue
+            error = Unavailable(f"writer for shard {shard} is not running")
+            for token in dict.fromkeys(header[0] for header, _ in items):
+                job = self._forget(token)
+                if job is not None:
+                    for copy in job.copies.values():
+                        self._breaker_outcome(copy, success=False, now=now_ms())
+                    self._reply_error(job.client, job.rid, error)
 
     def _publish_result(
         self, message_id: str, plan: PublishPlan, outcomes: dict[str, str | None]
@@ -448,12 +473,14 @@ class Router:
         if load.level is not Level.OK:
             self._backpressure_signal(endpoint, sender, load, now)
         if load.reject:
+            self.rejections.record(now, BACKPRESSURE, endpoint, sender)
             return Refusal("backpressure", load.reason), False
         if not self.config["circuitBreaker"]["enabled"]:
             return None, False
         breaker = self._breaker(endpoint)
         admitted, probe = breaker.admit(now)
         if not admitted:
+            self.rejections.record(now, CIRCUIT_OPEN, endpoint, sender)
             return Refusal("circuit_open", breaker.reason(endpoint)), False
         return None, probe
 
@@ -605,11 +632,23 @@ class Router:
     def _op_register(self, session: Session, req: wire.Request) -> Any:
         subject = validate(_str(req, "subject"))
         info = self.control.register_endpoint(subject, now_ms())
-        if subject not in self.endpoints:
-            self._add_endpoint(info)
-            shard = shard_of(info.hash, self.shards)
-            self._to_writer(shard, proto.op(0, "watch", endpoint=info.hash, subject=subject))
-        return info.to_wire()
+        if subject in self.endpoints:
+            return info.to_wire()
+        self._add_endpoint(info)
+        shard = shard_of(info.hash, self.shards)
+        if shard not in self.writers:
+            return info.to_wire()  # a writer adopts every mailbox of its shard at start
+        # Reply once the writer watches the new mailbox, so a file dropped into its new/
+        # right after register() returns is noticed.
+        return self._writer_op(
+            session,
+            req,
+            [shard],
+            "watch",
+            lambda job: info.to_wire(),
+            endpoint=info.hash,
+            subject=subject,
+        )
 
     def _op_unregister(self, session: Session, req: wire.Request) -> Any:
         subject = validate(_str(req, "subject"))
@@ -754,6 +793,63 @@ class Router:
             lambda job: {"purged": sum(r["purged"] for r in job.results)},
             endpoint=endpoint,
         )
+
+    def _op_compact_remove(self, session: Session, req: wire.Request) -> Any:
+        """Ops compaction (docs/ops.md): the owning writers delete archived copies.
+
+        ``items`` is ``[[id, endpoint], ...]`` (at most `MAX_COMPACT_ITEMS`); each writer
+        removes only done and failed files. With ``checkpoint`` every writer, items or
+        not, then checkpoints its index and vacuums it past ``vacuumPages`` free pages.
+        """
+        items = req.get("items", [])
+        if not isinstance(items, list) or len(items) > MAX_COMPACT_ITEMS:
+            raise InvalidMessage(
+                f"request field 'items' must be a list of at most {MAX_COMPACT_ITEMS} "
+                "[id, endpoint] pairs"
+            )
+        vacuum_pages = req.get("vacuumPages", 0)
+        if not isinstance(vacuum_pages, int) or isinstance(vacuum_pages, bool) or vacuum_pages < 0:
+            raise InvalidMessage("request field 'vacuumPages' must be an int >= 0")
+        by_shard: dict[int, list[list[str]]] = {}
+        for item in items:
+            if not (
+                isinstance(item, list | tuple)
+                and len(item) == 2
+                and is_id(item[0])
+                and isinstance(item[1], str)
+                and is_mailbox_name(item[1])
+            ):
+                raise InvalidMessage(f"compact_remove item {item!r:.80} is not [id, endpoint]")
+            by_shard.setdefault(shard_of(item[1], self.shards), []).append(list(item))
+        checkpoint = bool(req.get("checkpoint", False))
+        shards = list(range(self.shards)) if checkpoint else sorted(by_shard)
+        if not shards:
+            return {"removed": 0, "files": 0, "bytes": 0, "skipped": 0}
+
+        def merge(job: Pending) -> dict[str, Any]:
+            total: dict[str, Any] = {"removed": 0, "files": 0, "bytes": 0, "skipped": 0}
+            for result in job.results:
+                for key in ("removed", "files", "bytes", "skipped"):
+                    total[key] += result[key]
+                if "index" in result:
+                    total.setdefault("indexes", []).append(result["index"])
+            return total
+
+        job = self._new_job(session, req, len(shards), merge)
+        token = self._register(job)
+        for shard in shards:
+            job.shards.add(shard)
+            frames = proto.op(
+                token,
+                "compact_remove",
+                items=by_shard.get(shard, []),
+                checkpoint=checkpoint,
+                vacuumPages=vacuum_pages,
+            )
+            if not self._to_writer(shard, frames):
+                self._forget(token)
+                raise Unavailable(f"writer for shard {shard} is not running")
+        return _DEFERRED
 
     def _op_pending(self, session: Session, req: wire.Request) -> Any:
         info = self._endpoint(req)

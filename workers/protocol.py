@@ -6,9 +6,12 @@ writer connects a PULL to its shard socket and a PUSH to the results socket.
 
 Router → writer, ``[kind, msgpack header]`` or ``[kind, header, data]``:
 
-``deliver``  header ``[token, id, endpoint, subject, sender, created_at, target,
-             reason, code, failed_at]``, data = file bytes; target is ``new`` or
-             ``failed`` (a dead letter, with the reason, code and time in its file).
+``deliver``  ``[kind, msgpack [header, ...], data, ...]``: every copy the router
+             decided in one pass over its socket, for this shard, in one message
+             (one send and one wake-up, not one per copy). A header is ``[token, id,
+             endpoint, subject, sender, created_at, target, reason, code, failed_at]``
+             and its data frame the file bytes; target is ``new`` or ``failed`` (a dead
+             letter, with the reason, code and time in its file).
 ``claim``    ``[sub, id, endpoint]``: move new/ → cur/ for subscription ``sub``.
 ``op``       ``[token, name, args]``: done, fail, requeue, purge, rebuild, watch;
              answered by a ``reply`` with the same token.
@@ -43,24 +46,36 @@ TARGET_NEW = "new"
 TARGET_FAILED = "failed"
 
 
-def deliver(
+def delivery_header(
     token: int,
     message_id: str,
     endpoint: str,
     subject: str,
     sender: str,
     created_at: int,
-    data: bytes,
     *,
     target: str = TARGET_NEW,
     reason: str | None = None,
     code: str | None = None,
     failed_at: int | None = None,
-) -> list[bytes]:
-    header = packb(
-        [token, message_id, endpoint, subject, sender, created_at, target, reason, code, failed_at]
-    )
-    return [DELIVER, header, data]
+) -> list[Any]:
+    return [
+        token,
+        message_id,
+        endpoint,
+        subject,
+        sender,
+        created_at,
+        target,
+        reason,
+        code,
+        failed_at,
+    ]
+
+
+def deliver(items: list[tuple[list[Any], bytes]]) -> list[bytes]:
+    """One message carrying many deliveries: (header, file bytes) pairs."""
+    return [DELIVER, packb([header for header, _ in items]), *(data for _, data in items)]
 
 
 def claim(sub: int, message_id: str, endpoint: str) -> list[bytes]:
@@ -95,8 +110,17 @@ def reply(token: int, ok: bool, result: Any) -> list[bytes]:
 
 
 def decode(frames: list[bytes]) -> tuple[bytes, Any, bytes | None]:
-    """Split a frame list into (kind, decoded header, data or None)."""
+    """Split a frame list into (kind, decoded header, data or None).
+
+    For ``deliver`` use `decode_deliveries`."""
     kind = bytes(frames[0])
     header = unpackb(frames[1]) if len(frames) > 1 else None
     data = bytes(frames[2]) if len(frames) > 2 else None
     return kind, header, data
+
+
+def decode_deliveries(frames: list[bytes]) -> list[tuple[list[Any], bytes]]:
+    headers = unpackb(frames[1])
+    if len(headers) != len(frames) - 2:
+        raise ValueError(f"{len(headers)} delivery headers for {len(frames) - 2} data frames")
+    return list(zip(headers, (bytes(f) for f in frames[2:]), strict=True))

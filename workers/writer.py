@@ -34,6 +34,7 @@ from sdk.ids import is_id
 from sdk.paths import UNROUTABLE, Home
 from workers import ingest
 from workers import protocol as proto
+from workers.compaction import remove_finished
 from workers.index import MessageIndex, rebuild_from_maildir
 from workers.maildir import Mailbox, deliver_batch, fsync_dirs, parse_name
 from workers.records import MessageRecord, State
@@ -169,14 +170,12 @@ class Writer:
         others: list[tuple[bytes, Any, bytes | None]] = []
         for frames in batch:
             try:
-                kind, header, data = proto.decode(frames)
+                if frames[0] == proto.DELIVER:
+                    deliveries.extend(proto.decode_deliveries(frames))
+                else:
+                    others.append(proto.decode(frames))
             except Exception:  # a bug on the router side; never crash the writer for it
                 log.exception("undecodable frames from router dropped")
-                continue
-            if kind == proto.DELIVER:
-                deliveries.append((header, data))
-            else:
-                others.append((kind, header, data))
 
         changes = IndexChanges()
         outbox: list[list[bytes]] = []
@@ -292,11 +291,14 @@ class Writer:
             changes.requeues.append((args["id"], args["endpoint"]))
             return {"state": "new", "id": args["id"], "endpoint": args["endpoint"]}
         if name == "watch":
-            self._watch(args["endpoint"])
             self._subjects[args["endpoint"]] = args["subject"]
+            self._watch(args["endpoint"])
+            self._rescan([args["endpoint"]])  # files dropped before the watch existed
             return {}
         if name == "purge":
             return {"purged": self._purge(args.get("endpoint"), changes)}
+        if name == "compact_remove":
+            return self._compact_remove(args, changes)
         if name == "rebuild":
             changes.commit(self.index)  # earlier changes of this batch first
             return {
@@ -305,6 +307,36 @@ class Writer:
                 )
             }
         raise UnknownOperation(f"writer has no operation {name!r}")
+
+    def _compact_remove(self, args: dict[str, Any], changes: IndexChanges) -> dict[str, Any]:
+        """Ops compaction archived these (id, endpoint) copies: delete their files (done or
+        failed only; workers/compaction.py) and index rows; then, when asked, checkpoint
+        the index and vacuum it past ``vacuumPages`` free pages (docs/ops.md)."""
+        by_endpoint: dict[str, list[str]] = {}
+        for message_id, endpoint in args.get("items") or ():
+            by_endpoint.setdefault(endpoint, []).append(message_id)
+        result: dict[str, Any] = {"removed": 0, "files": 0, "bytes": 0, "skipped": 0}
+        for endpoint, ids in by_endpoint.items():
+            mailbox = self.mailboxes.get(endpoint)
+            if mailbox is None:
+                result["skipped"] += len(ids)
+                continue
+            hints = []
+            for message_id in ids:
+                row = self.index.lookup(message_id, endpoint)
+                claimed_at, done_at = (row.claimed_at, row.finished_at) if row else (None, None)
+                hints.append((message_id, claimed_at, done_at))
+            removed = remove_finished(mailbox, hints, sync=False)
+            changes.dirs.update(removed.dirs)  # fsynced before the index rows go
+            changes.deletes.extend((message_id, endpoint) for message_id in removed.deleted)
+            result["removed"] += len(removed.deleted)
+            result["files"] += removed.files
+            result["bytes"] += removed.bytes
+            result["skipped"] += removed.skipped
+        if args.get("checkpoint"):
+            changes.commit(self.index)  # the deletes first
+            result["index"] = self.index.compact_storage(int(args.get("vacuumPages") or 0))
+        return result
 
     def _purge(self, endpoint: str | None, changes: IndexChanges) -> int:
         """Delete dead letters (files in failed/ and their index rows)."""
@@ -337,10 +369,12 @@ class Writer:
             self._own_renames.clear()
             self._rescan()
 
-    def _rescan(self) -> None:
+    def _rescan(self, endpoints: list[str] | None = None) -> None:
         """Find files in new/ the index does not know (dropped in while nobody watched)."""
-        for endpoint, mailbox in self.mailboxes.items():
-            for name in os.listdir(mailbox.root / "new"):
+        for endpoint in self.mailboxes if endpoints is None else endpoints:
+            for name in os.listdir(self.mailboxes[endpoint].root / "new"):
+                if (endpoint, name) in self._own_renames:
+                    continue  # ours, its index row is in this group commit
                 if not (is_id(name) and self.index.has(name, endpoint)):
                     self._ingest(endpoint, name)
 
