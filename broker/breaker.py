@@ -71,6 +71,11 @@ class CircuitBreaker:
             self.probes = max(0, self.probes - 1)
         self.record(success, now_ms)
 
+    def release_probe(self) -> None:
+        """A probe slot taken for a delivery that was never attempted."""
+        if self.state is BreakerState.HALF_OPEN:
+            self.probes = max(0, self.probes - 1)
+
     def record(self, success: bool, now_ms: int) -> None:
         """An outcome that counts: a write result, an ack (success) or a nack (failure)."""
         if self.state is BreakerState.CLOSED:

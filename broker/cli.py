@@ -377,8 +377,9 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
-    print("relay ops: the Spark jobs (compact, metrics) are not built yet", file=sys.stderr)
-    return 2
+    from ops.cli import main as ops_main  # imports nothing of Spark until a job runs
+
+    return ops_main(args.ops_args, home=args.home)
 
 
 # ---------------------------------------------------------------------- parser
@@ -455,7 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("config", cmd_config, "show or change reliability settings")
     p.add_argument("action", nargs="?", default="get", choices=["get", "set"])
     p.add_argument("settings", nargs="*", metavar="section.key=value")
-    command("ops", cmd_ops, "Spark jobs: compaction and metrics", client=False)
+    p = command("ops", cmd_ops, "Spark jobs: compaction and metrics", client=False)
+    p.add_argument("ops_args", nargs=argparse.REMAINDER, help="compact|metrics [options]")
     return parser
 
 

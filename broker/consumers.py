@@ -113,9 +113,6 @@ class Consumers:
     def observers(self, subject: str) -> list[Subscription]:
         return [self.subs[i] for i in self._observers.match(subject)]
 
-    def has_consumers(self, subject: str) -> bool:
-        return bool(self._consumers.match(subject))
-
     def pick_consumer(self, subject: str) -> Subscription | None:
         """The competing consumer with credit and the fewest messages in hand."""
         candidates = [self.subs[i] for i in self._consumers.match(subject)]

@@ -61,7 +61,16 @@ CREATE TABLE config (
 ) STRICT;
 """
 
-MIGRATIONS = [_SCHEMA_V1]
+# The digest of each operator file (config.json, access-rules.json) last applied, so a
+# restart does not re-apply an unchanged file over changes made since with the CLI/SDK.
+_SCHEMA_V2 = """
+CREATE TABLE applied_files (
+    name   TEXT PRIMARY KEY,
+    digest TEXT NOT NULL
+) STRICT;
+"""
+
+MIGRATIONS = [_SCHEMA_V1, _SCHEMA_V2]
 
 DEFAULT_CONFIG: dict[str, dict[str, Any]] = {
     "limits": {
@@ -323,6 +332,23 @@ class ControlPlane:
             for rule in checked:
                 _upsert_rule(conn, rule)
         return self.list_rules()
+
+    # --- operator files ---
+
+    def applied_digest(self, name: str) -> str | None:
+        with self._locked() as conn:
+            row = conn.execute(
+                "SELECT digest FROM applied_files WHERE name = ?", (name,)
+            ).fetchone()
+        return row[0] if row else None
+
+    def set_applied_digest(self, name: str, digest: str) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO applied_files (name, digest) VALUES (?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET digest = excluded.digest",
+                (name, digest),
+            )
 
     # --- config ---
 

@@ -13,6 +13,7 @@ a writer that does not answer within `WRITER_DEADLINE_MS` is answered with an
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import json
 import logging
@@ -94,7 +95,8 @@ class Pending:
     shards: set[int] = field(default_factory=set)
     error: RelayError | None = None
     copies: dict[str, Copy] = field(default_factory=dict)  # a publish's writes, by endpoint
-    outcomes: dict[str, str | None] = field(default_factory=dict)  # endpoint -> error or None
+    # endpoint -> None (durable) or (code, message) when the copy was not stored
+    outcomes: dict[str, tuple[str, str] | None] = field(default_factory=dict)
 
 
 class Router:
@@ -131,6 +133,8 @@ class Router:
         self.queues: dict[str, EndpointQueue] = {}
         self.consumers = Consumers()
         self.pending: dict[int, Pending] = {}
+        # Claims sent and not yet answered, per shard: (id, endpoint) -> subscription.
+        self._claims: dict[int, dict[tuple[str, str], int]] = {}
         # Copies decided while reading the client socket, per shard, sent after the pass.
         self._outgoing: dict[int, list[tuple[list[Any], bytes]]] = {}
         self.writers: dict[int, int] = {}  # shard -> pid, from hello
@@ -173,7 +177,7 @@ class Router:
         for info in self.control.list_endpoints():
             self._add_endpoint(info)
         self.queues.setdefault(UNROUTABLE, EndpointQueue())
-        self._load_files({CONFIG_FILE, RULES_FILE})
+        self._load_files({CONFIG_FILE, RULES_FILE}, only_if_changed=True)
         self._seed_rate_limiter()
         log.info(
             "router on %s, %d shards, %d endpoints", self.address, self.shards, len(self.endpoints)
@@ -190,8 +194,7 @@ class Router:
         self.endpoint_trie.insert(info.subject, info.hash)
         if info.hash not in self.queues:
             # Seed from the Maildir itself (the truth): what waits in new/, oldest first.
-            names = sorted(n for n in os.listdir(self.home.mailbox(info.hash) / "new") if is_id(n))
-            self.queues[info.hash] = EndpointQueue(waiting=deque(names))
+            self.queues[info.hash] = EndpointQueue(waiting=deque(self._waiting_in(info.hash)))
 
     def serve(self) -> None:
         poller = zmq.Poller()
@@ -208,8 +211,7 @@ class Router:
             for monitor, shard in self._writer_monitors.items():
                 if monitor in events:
                     monitor.recv_multipart()
-                    log.warning("writer for shard %d disconnected", shard)
-                    self.writers.pop(shard, None)
+                    self._writer_gone(shard)
             if self.from_writers in events:
                 self._drain(self.from_writers, self._on_writer)
             if self.clients in events:
@@ -268,6 +270,7 @@ class Router:
                 ),
             )
         self.limiter.forget_idle(now)
+        self._signalled = {k: t for k, t in self._signalled.items() if now - t < 1000}
         for identity in self.consumers.expired(now):
             log.info(
                 "client %s silent for %d ms: session ended", identity.hex(), cons.SESSION_TIMEOUT_MS
@@ -326,7 +329,9 @@ class Router:
         }
 
     def _op_ping(self, session: Session, req: wire.Request) -> Any:
-        return {"now": now_ms()}
+        # The subscriptions this connection holds: a client that finds one of its own
+        # missing (router restart, session timeout) knows to subscribe again.
+        return {"now": now_ms(), "subs": sorted(session.subs)}
 
     def _op_bye(self, session: Session, req: wire.Request) -> Any:
         self._end_session(session.identity)
@@ -371,21 +376,28 @@ class Router:
         writes = plan.writes
         if not writes:
             return self._publish_result(message_id, plan, {})
+        # Copies for a shard whose writer is down are reported, not sent; the rest go on.
+        outcomes: dict[str, tuple[str, str] | None] = {}
+        for copy in writes:
+            shard = shard_of(copy.endpoint, self.shards)
+            if shard not in self.writers:
+                outcomes[copy.endpoint] = (
+                    "unavailable",
+                    f"writer for shard {shard} is not running",
+                )
+                self._release_probe(copy)
+        to_send = [copy for copy in writes if copy.endpoint not in outcomes]
+        if not to_send:
+            return self._publish_result(message_id, plan, outcomes)
         job = self._new_job(
             session,
             req,
-            len(writes),
+            len(to_send),
             lambda job: self._publish_result(message_id, plan, job.outcomes),
         )
-        shards = {shard_of(copy.endpoint, self.shards) for copy in writes}
-        for shard in shards:
-            if shard not in self.writers:
-                for copy in writes:
-                    self._breaker_outcome(copy, success=False, now=now)
-                raise Unavailable(f"writer for shard {shard} is not running")
+        job.outcomes.update(outcomes)
         token = self._register(job)
-        job.shards = shards
-        for copy in writes:
+        for copy in to_send:
             dead = copy.dead
             header = proto.delivery_header(
                 token,
@@ -399,10 +411,10 @@ class Router:
                 code=dead.code if dead else None,
                 failed_at=dead.failed_at if dead else None,
             )
+            shard = shard_of(copy.endpoint, self.shards)
             job.copies[copy.endpoint] = copy
-            self._outgoing.setdefault(shard_of(copy.endpoint, self.shards), []).append(
-                (header, copy.data)
-            )
+            job.shards.add(shard)
+            self._outgoing.setdefault(shard, []).append((header, copy.data))
         return _DEFERRED
 
     def _flush_deliveries(self) -> None:
@@ -411,22 +423,26 @@ class Router:
         for shard, items in outgoing.items():
             if self._to_writer(shard, proto.deliver(items)):
                 continue
-            error = Unavailable(f"writer for shard {shard} is not running")
-            for token in dict.fromkeys(header[0] for header, _ in items):
-                job = self._forget(token)
-                if job is not None:
-                    for copy in job.copies.values():
-                        self._breaker_outcome(copy, success=False, now=now_ms())
-                    self._reply_error(job.client, job.rid, error)
+            for header, _ in items:
+                token, _, endpoint = header[:3]
+                job = self.pending.get(token)
+                if job is not None and endpoint not in job.outcomes:
+                    job.outcomes[endpoint] = (
+                        "unavailable",
+                        f"writer for shard {shard} is not running",
+                    )
+                    self._release_probe(job.copies[endpoint])
+                    self._progress(token, job)
 
     def _publish_result(
-        self, message_id: str, plan: PublishPlan, outcomes: dict[str, str | None]
+        self, message_id: str, plan: PublishPlan, outcomes: dict[str, tuple[str, str] | None]
     ) -> dict[str, Any]:
         delivered, rejected, details = 0, [], {}
         for copy in plan.copies:
             rejection = copy.rejection
-            if rejection is None and outcomes.get(copy.endpoint) is not None:
-                rejection = (copy.endpoint, "storage_error", outcomes[copy.endpoint])
+            failure = outcomes.get(copy.endpoint)
+            if rejection is None and failure is not None:
+                rejection = (copy.endpoint, *failure)
             if rejection is None:
                 delivered += 1
             else:
@@ -484,6 +500,11 @@ class Router:
             return Refusal("circuit_open", breaker.reason(endpoint)), False
         return None, probe
 
+    def _release_probe(self, copy: Copy) -> None:
+        """A probe that was never tried (its writer is down) frees its slot, counts nothing."""
+        if copy.probe and copy.endpoint in self.breakers:
+            self.breakers[copy.endpoint].release_probe()
+
     def _breaker_outcome(self, copy: Copy, *, success: bool, now: int) -> None:
         if copy.endpoint == UNROUTABLE or not self.config["circuitBreaker"]["enabled"]:
             return
@@ -517,43 +538,50 @@ class Router:
                     seen[message_id] = (sender, created_at)
         self.limiter.seed(seen.values())
 
-    def _load_files(self, names: set[str]) -> None:
-        """Apply config.json / access-rules.json; a bad file is reported, never half-applied."""
-        if CONFIG_FILE in names:
-            self._load_config_file()
-        if RULES_FILE in names:
-            self._load_rules_file()
+    def _load_files(self, names: set[str], *, only_if_changed: bool = False) -> None:
+        """Apply config.json / access-rules.json; a bad file is reported, never half-applied.
+
+        At start (``only_if_changed``) a file identical to the one last applied is
+        skipped: control.db already holds it, plus any change made since through the
+        CLI or the SDK, which a blind re-apply would undo.
+        """
+        loaders = {CONFIG_FILE: self._load_config_file, RULES_FILE: self._load_rules_file}
+        for name in sorted(names & loaders.keys()):
+            path = self.home.root / name
+            try:
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            except FileNotFoundError:
+                continue  # a deleted file changes nothing
+            except OSError as exc:
+                digest = f"unreadable: {exc}"
+            if only_if_changed and self.control.applied_digest(name) == digest:
+                continue
+            if loaders[name]():
+                self.control.set_applied_digest(name, digest)
 
     def _read_json(self, name: str) -> Any:
-        path = self.home.root / name
-        if not path.exists():
-            return _ABSENT
         try:
-            return json.loads(path.read_bytes())
+            return json.loads((self.home.root / name).read_bytes())
         except (OSError, ValueError) as exc:
             raise InvalidConfig(f"{name} is not valid JSON: {exc}") from None
 
-    def _load_config_file(self) -> None:
+    def _load_config_file(self) -> bool:
         try:
-            data = self._read_json(CONFIG_FILE)
-            if data is _ABSENT:
-                return
-            config = self.control.replace_config(data)
+            config = self.control.replace_config(self._read_json(CONFIG_FILE))
         except RelayError as exc:
             self.file_errors[CONFIG_FILE] = str(exc)
             log.error(
                 "%s refused, the last good configuration stays in force: %s", CONFIG_FILE, exc
             )
-            return
+            return False
         self.file_errors.pop(CONFIG_FILE, None)
         self._apply_config(config)
         log.info("%s applied", CONFIG_FILE)
+        return True
 
-    def _load_rules_file(self) -> None:
+    def _load_rules_file(self) -> bool:
         try:
             data = self._read_json(RULES_FILE)
-            if data is _ABSENT:
-                return
             if isinstance(data, dict):
                 data = data.get("rules")
             if not isinstance(data, list):
@@ -565,9 +593,10 @@ class Router:
             self.rules = RuleSet([AccessRule(">", ">", RuleAction.DENY, priority=2**31)])
             self.file_errors[RULES_FILE] = str(exc)
             log.error("%s refused: denying every publish until it is fixed: %s", RULES_FILE, exc)
-            return
+            return False
         self.file_errors.pop(RULES_FILE, None)
         log.info("%s applied: %d rules", RULES_FILE, len(self.rules))
+        return True
 
     def _targets(self, subject: str) -> list[EndpointInfo]:
         if has_wildcards(subject):
@@ -712,27 +741,45 @@ class Router:
         return {info.hash} if info else set()
 
     def _op_unsubscribe(self, session: Session, req: wire.Request) -> Any:
-        sub_id = req.get("sub")
+        sub_id = _int(req, "sub")
         sub = self.consumers.subs.get(sub_id)
         if sub is None or sub.client != session.identity:
             raise InvalidState(f"no subscription {sub_id!r:.20} on this connection")
         self.consumers.unsubscribe(sub_id)
         return {}
 
-    def _settle(self, session: Session, req: wire.Request, name: str, **args: Any) -> Any:
+    def _finish_message(
+        self, session: Session, req: wire.Request, name: str, *, operator: bool, **args: Any
+    ) -> Any:
+        """Mark a claimed message done or failed: a consumer's ack/nack, or an operator's
+        complete/fail of a pending one. Either way the holder's credit comes back."""
         message_id = check_id(req.get("id"))
-        endpoint = _str(req, "endpoint")
-        sender = self.consumers.settled(session.identity, message_id, endpoint)
-        if sender is None:
-            raise InvalidState(
-                f"message {message_id} of endpoint {endpoint} is not held by "
-                "this connection (already acknowledged, or never delivered)"
+        endpoint = self._mailbox_arg(req)
+        if operator:
+            holder = next(
+                (
+                    s
+                    for s in self.consumers.sessions.values()
+                    if (message_id, endpoint) in s.unacked
+                ),
+                None,
             )
+            sender = (
+                self.consumers.settled(holder.identity, message_id, endpoint) if holder else None
+            )
+            args["claimedOnly"] = True  # an operator finishes pending messages only
+        else:
+            sender = self.consumers.settled(session.identity, message_id, endpoint)
+            if sender is None:
+                raise InvalidState(
+                    f"message {message_id} of endpoint {endpoint} is not held by "
+                    "this connection (already acknowledged, or never delivered)"
+                )
 
         def finish(job: Pending) -> Any:
-            if endpoint != UNROUTABLE and self.config["circuitBreaker"]["enabled"]:
+            if not operator and self.config["circuitBreaker"]["enabled"]:
                 self._breaker(endpoint).record(name == "done", now_ms())  # ack / nack
-            if name == "done":
+            if name == "done" and sender:
                 self._delivery_receipt(message_id, endpoint, sender)
             self._dispatch(endpoint)  # the credit given back may take the next message
             return job.results[0]
@@ -742,14 +789,22 @@ class Router:
             session, req, [shard], name, finish, id=message_id, endpoint=endpoint, **args
         )
 
+    def _mailbox_arg(self, req: wire.Request) -> str:
+        endpoint = req.get("endpoint")
+        if not isinstance(endpoint, str) or not is_mailbox_name(endpoint):
+            raise EndpointNotFound(f"no endpoint {endpoint!r:.60} (give its 12-hex hash)")
+        return endpoint
+
     def _op_ack(self, session: Session, req: wire.Request) -> Any:
-        return self._settle(session, req, "done")
+        return self._finish_message(session, req, "done", operator=False)
 
     def _op_nack(self, session: Session, req: wire.Request) -> Any:
         reason = req.get("reason") or "rejected by consumer"
         if not isinstance(reason, str):
             raise InvalidMessage("request field 'reason' must be a string")
-        return self._settle(session, req, "fail", reason=reason[:1000], code="nack")
+        return self._finish_message(
+            session, req, "fail", operator=False, reason=reason[:1000], code="nack"
+        )
 
     def _delivery_receipt(self, message_id: str, endpoint: str, sender: str) -> None:
         """Tell the publisher, on its own subject, that a consumer finished its message."""
@@ -857,31 +912,12 @@ class Router:
         return {"items": [self._with_file(r) for r in records]}
 
     def _op_complete(self, session: Session, req: wire.Request) -> Any:
-        return self._operator_settle(session, req, "done")
+        return self._finish_message(session, req, "done", operator=True)
 
     def _op_fail(self, session: Session, req: wire.Request) -> Any:
         reason = req.get("reason") or "failed by operator"
-        return self._operator_settle(
-            session, req, "fail", reason=str(reason)[:1000], code="operator"
-        )
-
-    def _operator_settle(self, session: Session, req: wire.Request, name: str, **args: Any) -> Any:
-        """An operator finishes a pending (claimed, unacknowledged) message."""
-        message_id = check_id(req.get("id"))
-        endpoint = _str(req, "endpoint")
-        for other in self.consumers.sessions.values():
-            if other.unacked.pop((message_id, endpoint), None) is not None:
-                break
-        shard = shard_of(endpoint, self.shards)
-        return self._writer_op(
-            session,
-            req,
-            [shard],
-            name,
-            lambda job: job.results[0],
-            id=message_id,
-            endpoint=endpoint,
-            **args,
+        return self._finish_message(
+            session, req, "fail", operator=True, reason=str(reason)[:1000], code="operator"
         )
 
     def _op_add_rule(self, session: Session, req: wire.Request) -> Any:
@@ -1054,9 +1090,61 @@ class Router:
             shard, shards, pid = header
             self.writers[shard] = pid
             log.info("writer for shard %d/%d is up (pid %d)", shard, shards, pid)
+            self._resync_shard(shard)
+
+    def _writer_gone(self, shard: int) -> None:
+        """A writer disconnected: what it had not confirmed will never be confirmed."""
+        log.warning("writer for shard %d disconnected", shard)
+        self.writers.pop(shard, None)
+        error = f"writer for shard {shard} stopped before confirming"
+        for token, job in list(self.pending.items()):
+            if shard not in job.shards:
+                continue
+            if not job.copies:  # an operation: it fails as a whole
+                self._forget(token)
+                self._reply_error(job.client, job.rid, Unavailable(error))
+                continue
+            for endpoint, copy in job.copies.items():
+                if endpoint not in job.outcomes and shard_of(endpoint, self.shards) == shard:
+                    # Its outcome is unknown (it may be durable): an error, never "delivered".
+                    job.outcomes[endpoint] = ("unavailable", error)
+                    self._release_probe(copy)
+                    self._progress(token, job)
+        self._resync_shard(shard)
+
+    def _resync_shard(self, shard: int) -> None:
+        """Re-read the queues of a shard's mailboxes from the Maildir (the truth).
+
+        Claims sent to a writer that went away may or may not have happened; their
+        credit goes back to the consumers, and whatever still waits in new/ is queued
+        again. Called when a writer disconnects and when one says hello.
+        """
+        for sub_id in self._claims.pop(shard, {}).values():
+            sub = self.consumers.subs.get(sub_id)
+            if sub is not None:
+                sub.inflight = max(0, sub.inflight - 1)
+        for endpoint, queue in self.queues.items():
+            if shard_of(endpoint, self.shards) == shard:
+                queue.waiting = deque(self._waiting_in(endpoint))
+                queue.claiming = 0
+        if shard in self.writers:
             for endpoint in list(self.queues):
                 if shard_of(endpoint, self.shards) == shard:
                     self._dispatch(endpoint)
+
+    def _requeue_from_disk(self, endpoint: str) -> None:
+        claiming = {
+            i for (i, e) in self._claims.get(shard_of(endpoint, self.shards), {}) if e == endpoint
+        }
+        queue = self.queues[endpoint]
+        queue.waiting = deque(i for i in self._waiting_in(endpoint) if i not in claiming)
+        self._dispatch(endpoint)
+
+    def _waiting_in(self, endpoint: str) -> list[str]:
+        try:
+            return Mailbox(self.home.mailbox(endpoint), endpoint).list_new()
+        except OSError:
+            return []
 
     def _on_stored(
         self,
@@ -1070,15 +1158,15 @@ class Router:
         job = self.pending.get(token)
         copy = job.copies.get(endpoint) if job is not None else None
         if copy is None:
-            # The publisher already had its answer (deadline passed), but the message is
-            # durable in new/ all the same: queue it for consumers.
-            if stored_at is not None and endpoint != UNROUTABLE:
-                self._on_new_message(message_id, endpoint, None)
+            # The publisher already had its answer (deadline passed), but the copy may be
+            # durable in new/ all the same: the Maildir says what waits there.
+            if stored_at is not None and endpoint in self.queues:
+                self._requeue_from_disk(endpoint)
             return
         if stored_at is not None and copy.dead is None:
             self._on_new_message(message_id, endpoint, copy.data)
         self._breaker_outcome(copy, success=stored_at is not None, now=now_ms())
-        job.outcomes[endpoint] = None if stored_at is not None else f"{code}: {message}"
+        job.outcomes[endpoint] = None if stored_at is not None else (code, message)
         self._progress(token, job)
 
     def _on_new_message(self, message_id: str, endpoint: str, data: bytes | None) -> None:
@@ -1109,6 +1197,7 @@ class Router:
                 return
             queue.claiming += 1
             sub.inflight += 1
+            self._claims.setdefault(shard, {})[(message_id, endpoint)] = sub.id
 
     def _on_claimed(
         self,
@@ -1119,6 +1208,11 @@ class Router:
         message: str | None,
         data: bytes | None,
     ) -> None:
+        if (
+            self._claims.get(shard_of(endpoint, self.shards), {}).pop((message_id, endpoint), None)
+            is None
+        ):
+            return  # released when its writer went away (see _resync_shard)
         queue = self.queues.get(endpoint)
         if queue is not None:
             queue.claiming = max(0, queue.claiming - 1)
@@ -1175,7 +1269,6 @@ class Router:
 
 
 _DEFERRED = object()  # the reply is sent later, when the writers have answered
-_ABSENT = object()  # an optional file that is not there
 
 Router._ops = {name[4:]: func for name, func in vars(Router).items() if name.startswith("_op_")}
 
@@ -1192,6 +1285,13 @@ def _str(req: wire.Request, name: str) -> str:
     value = req.get(name)
     if not isinstance(value, str):
         raise InvalidMessage(f"request field {name!r} must be a string, got {value!r:.40}")
+    return value
+
+
+def _int(req: wire.Request, name: str) -> int:
+    value = req.get(name)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidMessage(f"request field {name!r} must be an int, got {value!r:.40}")
     return value
 
 

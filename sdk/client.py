@@ -162,7 +162,7 @@ class Client:
                         Delivery(incoming.sub, incoming.id, incoming.endpoint, incoming.data)
                     )
                 continue
-            future = self._futures.pop(incoming.rid, None)
+            future = self._futures.pop(incoming.rid, None) if incoming.rid else Future()
             if future is None or future.cancelled():  # the caller gave up on it
                 continue
             worker = self._pending_subs.pop(incoming.rid, None)
@@ -172,10 +172,42 @@ class Client:
                 worker.sub = incoming.result["sub"]
                 self._subs[worker.sub] = worker
                 worker.start()
+            if incoming.rid == 0 and incoming.ok:
+                self._check_subscriptions(incoming.result)
+                continue
             if incoming.ok:
                 future.set_result(incoming.result)
             else:
                 future.set_exception(incoming.error)
+
+    def _check_subscriptions(self, pong: Any) -> None:
+        """The heartbeat's reply lists the subscriptions the router holds for us. One of
+        ours missing means the router restarted or ended our silent session: subscribe
+        again (on another thread: this is the I/O thread)."""
+        held = pong.get("subs") if isinstance(pong, dict) else None
+        if held is None:
+            return
+        lost = [w for sub_id, w in self._subs.items() if sub_id not in set(held)]
+        if lost:
+            threading.Thread(target=self._renew, args=(lost,), daemon=True).start()
+
+    def _renew(self, workers: list[_SubscriptionWorker]) -> None:
+        for worker in workers:
+            if self._subs.pop(worker.sub, None) is None:
+                continue  # unsubscribed meanwhile
+            log.warning(
+                "subscription %s to %r was lost by the broker; subscribing again",
+                worker.sub,
+                worker.fields["pattern"],
+            )
+            try:
+                self._wait(
+                    self.request("subscribe", before_send=worker, **worker.fields), "subscribe"
+                )
+            except RelayError as exc:
+                log.error(
+                    "could not renew the subscription to %r: %s", worker.fields["pattern"], exc
+                )
 
     def _receive_signals(self, sub: zmq.Socket) -> None:
         while True:
@@ -327,16 +359,17 @@ class Client:
         fields: dict[str, Any] = {"pattern": pattern, "mode": mode}
         if credit is not None:
             fields["credit"] = credit
-        worker = _SubscriptionWorker(self, handler, mode)
+        worker = _SubscriptionWorker(self, handler, mode, fields)
         future = self.request("subscribe", before_send=worker, **fields)
         try:
-            sub_id = self._wait(future, "subscribe")["sub"]
+            self._wait(future, "subscribe")
         except Timeout:
             # A late reply must not start a worker nobody can stop.
             self._pending_subs = {r: w for r, w in self._pending_subs.items() if w is not worker}
             raise
 
         def unsubscribe() -> None:
+            sub_id = worker.sub  # it changes if the subscription had to be renewed
             if sub_id not in self._subs:
                 return
             # First the router stops pushing (pushes sent before its reply still reach
@@ -472,16 +505,18 @@ class Client:
 class _SubscriptionWorker:
     """Runs one subscription's handler, in order, on its own thread."""
 
-    def __init__(self, client: Client, handler: Handler, mode: str) -> None:
+    def __init__(self, client: Client, handler: Handler, mode: str, fields: dict[str, Any]) -> None:
         self.client = client
         self.handler = handler
         self.mode = mode
+        self.fields = fields  # the subscribe request, to renew it
         self.sub = 0
         self.queue: queue.Queue[Delivery | None] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="relay-handler", daemon=True)
 
     def start(self) -> None:
-        self.thread.start()
+        if not self.thread.is_alive():  # a renewed subscription keeps its thread
+            self.thread.start()
 
     def stop(self, *, discard_queued: bool = False) -> None:
         if discard_queued:

@@ -37,6 +37,19 @@ def test_restart_of_the_whole_group_keeps_every_message_and_endpoint(broker):
     assert got == ids
 
 
+def test_a_subscriber_keeps_receiving_across_a_router_restart(broker):
+    client = broker.client()
+    client.register_endpoint(A)
+    got = []
+    client.subscribe(A, lambda e: got.append(e.payload))
+    broker.kill("router", signal.SIGTERM)
+    broker.start_router()
+    broker.wait_ready()
+    publisher = broker.client()
+    publisher.publish(A, "after restart", sender=SENDER)
+    wait_for(lambda: got == ["after restart"], what="the renewed subscription to deliver")
+
+
 def test_rebuilt_index_answers_the_same(broker):
     client = broker.client()
     client.register_endpoint(A)
@@ -79,15 +92,36 @@ def test_client_gets_a_clear_error_when_no_broker_runs(tmp_path):
 
 def test_a_killed_writer_fails_publishes_with_unavailable_not_silence(broker):
     client = broker.client(timeout=30)
-    client.register_endpoint(A)
+    info = client.register_endpoint(A)
     broker.kill("writer0")
     broker.kill("writer1")
-    with pytest.raises(Unavailable):
-        client.publish(A, 1, sender=SENDER)
+    wait_for(
+        lambda: not any(w["pid"] for w in client.status()["writers"]),
+        what="the router to see both writers gone",
+    )
+    result = client.publish(A, 1, sender=SENDER)
+    assert result.delivered_to == 0
+    assert result.rejected == ((info.hash, "unavailable"),)
+    assert "is not running" in result.details[info.hash]
     broker.start_writer(0)
     broker.start_writer(1)
     broker.wait_ready()
     assert client.publish(A, 2, sender=SENDER).delivered_to == 1
+
+
+def test_a_writer_restart_gives_consumers_their_credit_and_the_backlog_back(broker):
+    client = broker.client()
+    info = client.register_endpoint(A)
+    shard = f"writer{int(info.hash, 16) % 2}"
+    ids = [client.publish(A, i, sender=SENDER).message_id for i in range(5)]
+    broker.procs[shard].send_signal(signal.SIGSTOP)  # claims queue up at a frozen writer
+    got = []
+    client.subscribe(A, lambda e: got.append(e.id), credit=5)
+    broker.procs[shard].send_signal(signal.SIGKILL)
+    broker.procs[shard].wait(10)
+    broker.start_writer(int(shard[-1]))
+    broker.wait_ready()
+    wait_for(lambda: sorted(got) == ids, what="the backlog after the writer restart")
 
 
 def raw_request(broker, *frames: bytes) -> dict:

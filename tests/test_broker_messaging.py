@@ -202,3 +202,36 @@ def test_consumer_that_dies_leaves_its_messages_pending(broker):
     assert [p["id"] for p in client.pending(A)] == [ids[2]]
     assert client.trace(ids[0])["copies"][0]["state"] == "done"
     assert client.dead_letters(info.hash)[0]["reason"] == "operator gave up"
+
+
+def test_operator_completing_a_held_message_gives_the_consumer_its_credit_back(broker):
+    client = broker.client()
+    info = client.register_endpoint(A)
+    release = threading.Event()
+    inbox = Inbox()
+
+    def slow(envelope):
+        inbox(envelope)
+        release.wait(20)
+
+    client.subscribe(A, slow, credit=1)
+    first = client.publish(A, 1, sender=SENDER).message_id
+    second = client.publish(A, 2, sender=SENDER).message_id
+    wait_for(lambda: inbox.items, what="the first message")
+    client.complete(first, info.hash)  # the operator finishes it for the stuck consumer
+    release.set()
+    wait_for(
+        lambda: [e.id for e in inbox.items] == [first, second],
+        what="the second message, on the credit given back",
+    )
+
+
+def test_an_operator_cannot_fail_a_message_nobody_has_claimed(broker):
+    from sdk.errors import InvalidState
+
+    client = broker.client()
+    info = client.register_endpoint(A)
+    message_id = client.publish(A, 1, sender=SENDER).message_id
+    with pytest.raises(InvalidState, match="only claimed"):
+        client.fail(message_id, info.hash)
+    assert client.status()["endpoints"][0]["depth"] == 1

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from sdk.ids import is_id
-from sdk.types import Signal, SignalType
+from sdk.types import AccessRule, RuleAction, Signal, SignalType
 from tests.harness import wait_for
 
 pytestmark = pytest.mark.integration
@@ -177,3 +177,19 @@ def test_a_corrupt_rules_file_denies_until_fixed(broker):
         (info.hash, "access_denied"),
     )
     assert [r.from_pattern for r in client.list_rules()] == ["relay.agent.bad"]
+
+
+def test_a_restart_does_not_reapply_an_unchanged_file_over_later_changes(broker):
+    client = broker.client()
+    broker.home.access_rules_file.write_text(
+        json.dumps([{"from": "relay.agent.bad", "to": ">", "action": "deny"}])
+    )
+    wait_for(lambda: len(client.list_rules()) == 1, what="the rules file to be applied")
+    client.add_rule(AccessRule("relay.agent.worse", ">", RuleAction.DENY))
+    broker.stop()
+    broker.start()
+    client = broker.client()
+    assert sorted(r.from_pattern for r in client.list_rules()) == [
+        "relay.agent.bad",
+        "relay.agent.worse",
+    ]

@@ -135,6 +135,16 @@ RECENT_PUBLISHES = (
 COUNT_ALL = "SELECT count(*) FROM messages"
 COUNT_BY_STATE = "SELECT state, count(*) FROM messages GROUP BY state"
 COUNT_BY_SUBJECT = "SELECT subject, count(*) FROM messages GROUP BY subject"
+# ops: keyset pages in primary-key order (compaction's candidates, the metrics' scan).
+# "+state" keeps SQLite off messages_state_finished: through it, every page would sort
+# all candidates again (a temp b-tree per page); the primary-key walk stops at LIMIT.
+LOOKUP = f"{_SELECT} WHERE id = ? AND endpoint = ?"
+PAGE = f"{_SELECT} WHERE (id, endpoint) > (?, ?) ORDER BY id, endpoint LIMIT ?"
+FINISHED_PAGE = (
+    f"{_SELECT} WHERE ((+state = 'done' AND finished_at < ?) OR "
+    "(+state = 'failed' AND finished_at < ?)) AND (id, endpoint) > (?, ?) "
+    "ORDER BY id, endpoint LIMIT ?"
+)
 
 # Filters of `query`, each a fixed fragment: every combination is a constant SQL text,
 # so apsw's statement cache serves repeated queries.
@@ -426,6 +436,50 @@ class MessageIndex:
             "by_state": by_state,
             "by_subject": dict(self._conn.execute(COUNT_BY_SUBJECT).fetchall()),
         }
+
+    # ----------------------------------------------------------------- ops (compaction, metrics)
+
+    def lookup(self, message_id: str, endpoint: str) -> MessageRecord | None:
+        """The row of one copy, or None."""
+        row = self._conn.execute(LOOKUP, (message_id, endpoint)).fetchone()
+        return None if row is None else _record(row)
+
+    def page(self, after: tuple[str, str] = ("", ""), limit: int = 50_000) -> list[tuple]:
+        """Up to ``limit`` rows (tuples in COLUMNS order) after the key ``after``, in
+        (id, endpoint) order. Each page is its own short read, so a reader paging through
+        a large index never holds the writer's WAL back for the whole scan."""
+        return self._conn.execute(PAGE, (*after, limit)).fetchall()
+
+    def finished_page(
+        self,
+        done_before: int,
+        failed_before: int,
+        after: tuple[str, str] = ("", ""),
+        limit: int = 50_000,
+    ) -> list[tuple]:
+        """`page` restricted to compaction's candidates: done copies finished before
+        ``done_before`` and dead letters failed before ``failed_before`` (unix ms)."""
+        return self._conn.execute(
+            FINISHED_PAGE, (done_before, failed_before, *after, limit)
+        ).fetchall()
+
+    def compact_storage(self, vacuum_min_free_pages: int) -> dict[str, int | bool]:
+        """After compaction deleted rows: checkpoint the WAL into the file (TRUNCATE) and,
+        when at least ``vacuum_min_free_pages`` pages are free, VACUUM to give them back
+        to the filesystem. VACUUM rewrites the live rows (the writer waits meanwhile), so
+        it is worth it only past a threshold. Returns the page counts before and after."""
+        try:
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            pages = self._conn.execute("PRAGMA page_count").fetchone()[0]
+            free = self._conn.execute("PRAGMA freelist_count").fetchone()[0]
+            vacuumed = free > 0 and free >= vacuum_min_free_pages
+            if vacuumed:
+                self._conn.execute("VACUUM")
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            after = self._conn.execute("PRAGMA page_count").fetchone()[0]
+        except apsw.Error as exc:
+            raise StorageError(f"index checkpoint/vacuum failed: {exc}") from exc
+        return {"pages": pages, "freePages": free, "vacuumed": vacuumed, "pagesAfter": after}
 
     # ----------------------------------------------------------------- lifecycle
 

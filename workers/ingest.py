@@ -80,6 +80,19 @@ def adopt(
         return record, f.read()
 
 
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _json_object(data: bytes) -> dict[str, Any] | None:
+    """The file as a JSON object, or None (not JSON, not an object, NaN/Infinity)."""
+    try:
+        obj = json.loads(data, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
 def _normalize(obj: dict[str, Any], message_id: str, subject: str, now_ms: int) -> Envelope:
     sender = obj.get("from")
     reply_to = obj.get("replyTo")

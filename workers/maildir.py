@@ -417,7 +417,9 @@ class Mailbox:
 
         AlreadyClaimed when the file left new/ already (it is in cur/ or failed/),
         MessageNotFound when the id is nowhere. With ``sync=False`` the caller must
-        `fsync_dirs` new/ and cur/ before handing the message out.
+        fsync cur/ before handing the message out (the writer does so once per group
+        commit); new/ need not be: if a power cut leaves the file in both, `recover`
+        keeps the claimed copy.
         """
         name = format_name(check_id(message_id), claimed_at=now_ms, flags="")
         source, target = f"{self.new_dir}/{message_id}", f"{self.cur_dir}/{name}"

@@ -29,7 +29,13 @@ import zmq
 from inotify_simple import INotify
 from inotify_simple import flags as iflags
 
-from sdk.errors import EndpointNotFound, RelayError, StorageError, UnknownOperation
+from sdk.errors import (
+    EndpointNotFound,
+    InvalidState,
+    RelayError,
+    StorageError,
+    UnknownOperation,
+)
 from sdk.ids import is_id
 from sdk.paths import UNROUTABLE, Home
 from workers import ingest
@@ -278,6 +284,8 @@ class Writer:
             changes.dirs.add(mailbox.cur_dir)
             changes.dones.append((args["id"], args["endpoint"], now))
             return {"state": "done"}
+        if args.get("claimedOnly"):
+            self._require_claimed(args["id"], args["endpoint"])
         if name == "fail":
             reason = args.get("reason") or "failed by consumer"
             code = args.get("code") or "nack"
@@ -338,6 +346,14 @@ class Writer:
             result["index"] = self.index.compact_storage(int(args.get("vacuumPages") or 0))
         return result
 
+    def _require_claimed(self, message_id: str, endpoint: str) -> None:
+        found = self._mailbox(endpoint).find(message_id)
+        if found is not None and found[0] is State.NEW:
+            raise InvalidState(
+                f"message {message_id} waits in new/ of {endpoint}: only claimed (pending) "
+                "messages can be finished by an operator"
+            )
+
     def _purge(self, endpoint: str | None, changes: IndexChanges) -> int:
         """Delete dead letters (files in failed/ and their index rows)."""
         targets = [self._mailbox(endpoint)] if endpoint else list(self.mailboxes.values())
@@ -375,19 +391,25 @@ class Writer:
             for name in os.listdir(self.mailboxes[endpoint].root / "new"):
                 if (endpoint, name) in self._own_renames:
                     continue  # ours, its index row is in this group commit
-                if not (is_id(name) and self.index.has(name, endpoint)):
-                    self._ingest(endpoint, name)
+                self._ingest(endpoint, name)
+
+    def _known_new(self, endpoint: str, name: str) -> bool:
+        """Whether new/<name> is a message the index already has as waiting in new/."""
+        if not is_id(name):
+            return False
+        return any(r.endpoint == endpoint and r.state is State.NEW for r in self.index.get(name))
 
     def _ingest(self, endpoint: str, name: str) -> None:
+        """Adopt new/<name>; a file moved back into new/ by hand is re-indexed as new."""
         mailbox = self.mailboxes[endpoint]
-        if is_id(name) and self.index.has(name, endpoint):
+        if self._known_new(endpoint, name):
             return
         try:
             result = ingest.adopt(mailbox, name, self._subject_of(endpoint), now_ms())
         except FileNotFoundError:
             return  # moved away again before we looked
-        except OSError:
-            log.exception("could not ingest %s/new/%s", endpoint, name)
+        except Exception:  # no file anyone can drop in may take the writer down
+            log.exception("could not ingest %s/new/%s; left where it is", endpoint, name)
             return
         if result is None:
             return
