@@ -136,7 +136,7 @@ class Router:
         # Claims sent and not yet answered, per shard: (id, endpoint) -> subscription.
         self._claims: dict[int, dict[tuple[str, str], int]] = {}
         # Copies decided while reading the client socket, per shard, sent after the pass.
-        self._outgoing: dict[int, list[tuple[list[Any], bytes]]] = {}
+        self._outgoing: dict[int, list[tuple[proto.DeliveryHeader, bytes]]] = {}
         self.writers: dict[int, int] = {}  # shard -> pid, from hello
         self._tokens = itertools.count(1)
         self.started_at = now_ms()
@@ -399,7 +399,7 @@ class Router:
         token = self._register(job)
         for copy in to_send:
             dead = copy.dead
-            header = proto.delivery_header(
+            header = proto.DeliveryHeader(
                 token,
                 message_id,
                 copy.endpoint,
@@ -424,7 +424,7 @@ class Router:
             if self._to_writer(shard, proto.deliver(items)):
                 continue
             for header, _ in items:
-                token, _, endpoint = header[:3]
+                token, endpoint = header.token, header.endpoint
                 job = self.pending.get(token)
                 if job is not None and endpoint not in job.outcomes:
                     job.outcomes[endpoint] = (

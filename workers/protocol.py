@@ -28,7 +28,7 @@ Writer → router:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from sdk.wire import packb, unpackb
 
@@ -46,36 +46,24 @@ TARGET_NEW = "new"
 TARGET_FAILED = "failed"
 
 
-def delivery_header(
-    token: int,
-    message_id: str,
-    endpoint: str,
-    subject: str,
-    sender: str,
-    created_at: int,
-    *,
-    target: str = TARGET_NEW,
-    reason: str | None = None,
-    code: str | None = None,
-    failed_at: int | None = None,
-) -> list[Any]:
-    return [
-        token,
-        message_id,
-        endpoint,
-        subject,
-        sender,
-        created_at,
-        target,
-        reason,
-        code,
-        failed_at,
-    ]
+class DeliveryHeader(NamedTuple):
+    """What a writer needs besides the file bytes to store and index one copy."""
+
+    token: int
+    id: str
+    endpoint: str
+    subject: str
+    sender: str
+    created_at: int
+    target: str = TARGET_NEW  # new, or failed for a dead letter
+    reason: str | None = None
+    code: str | None = None
+    failed_at: int | None = None
 
 
-def deliver(items: list[tuple[list[Any], bytes]]) -> list[bytes]:
+def deliver(items: list[tuple[DeliveryHeader, bytes]]) -> list[bytes]:
     """One message carrying many deliveries: (header, file bytes) pairs."""
-    return [DELIVER, packb([header for header, _ in items]), *(data for _, data in items)]
+    return [DELIVER, packb([list(header) for header, _ in items]), *(data for _, data in items)]
 
 
 def claim(sub: int, message_id: str, endpoint: str) -> list[bytes]:
@@ -119,8 +107,8 @@ def decode(frames: list[bytes]) -> tuple[bytes, Any, bytes | None]:
     return kind, header, data
 
 
-def decode_deliveries(frames: list[bytes]) -> list[tuple[list[Any], bytes]]:
+def decode_deliveries(frames: list[bytes]) -> list[tuple[DeliveryHeader, bytes]]:
     headers = unpackb(frames[1])
     if len(headers) != len(frames) - 2:
         raise ValueError(f"{len(headers)} delivery headers for {len(frames) - 2} data frames")
-    return list(zip(headers, (bytes(f) for f in frames[2:]), strict=True))
+    return [(DeliveryHeader(*h), bytes(f)) for h, f in zip(headers, frames[2:], strict=True)]

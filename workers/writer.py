@@ -172,7 +172,7 @@ class Writer:
     # ------------------------------------------------------------------ one group commit
 
     def _process(self, batch: list[list[bytes]]) -> None:
-        deliveries: list[tuple[Any, bytes]] = []
+        deliveries: list[tuple[proto.DeliveryHeader, bytes]] = []
         others: list[tuple[bytes, Any, bytes | None]] = []
         for frames in batch:
             try:
@@ -197,49 +197,37 @@ class Writer:
         for frames in outbox:
             self.results.send_multipart(frames, copy=False)
 
-    def _deliver(self, deliveries: list[tuple[Any, bytes]], changes: IndexChanges) -> list[bytes]:
-        items = []
+    def _deliver(
+        self, deliveries: list[tuple[proto.DeliveryHeader, bytes]], changes: IndexChanges
+    ) -> list[bytes]:
+        items = [
+            (self.mailboxes.get(h.endpoint) or self._watch(h.endpoint), h.id, data, h.target)
+            for h, data in deliveries
+        ]
         results: list[list[Any]] = []
-        for header, data in deliveries:
-            token, message_id, endpoint, *_ = header
-            mailbox = self.mailboxes.get(endpoint) or self._watch(endpoint)
-            items.append((mailbox, message_id, data, header[6]))
-        outcomes = deliver_batch(items)
-        for (header, data), outcome in zip(deliveries, outcomes, strict=True):
-            (
-                token,
-                message_id,
-                endpoint,
-                subject,
-                sender,
-                created_at,
-                target,
-                reason,
-                code,
-                failed_at,
-            ) = header
+        for (h, data), outcome in zip(deliveries, deliver_batch(items), strict=True):
             if isinstance(outcome, Exception):
-                results.append([token, message_id, endpoint, None, "storage_error", str(outcome)])
+                results.append([h.token, h.id, h.endpoint, None, "storage_error", str(outcome)])
                 continue
-            failed = target == proto.TARGET_FAILED
+            failed = h.target == proto.TARGET_FAILED
             if not failed:
-                self._own_renames.add((endpoint, message_id))
+                self._own_renames.add((h.endpoint, h.id))
             changes.inserts.append(
                 MessageRecord(
-                    id=message_id,
-                    endpoint=endpoint,
-                    subject=subject,
-                    sender=sender,
+                    id=h.id,
+                    endpoint=h.endpoint,
+                    subject=h.subject,
+                    sender=h.sender,
                     state=State.FAILED if failed else State.NEW,
-                    created_at=created_at,
+                    created_at=h.created_at,
                     stored_at=outcome,
-                    finished_at=failed_at if failed else None,
-                    reason=reason,
-                    reason_code=code,
+                    finished_at=h.failed_at if failed else None,
+                    reason=h.reason,
+                    reason_code=h.code,
                     size=len(data),
                 )
             )
-            results.append([token, message_id, endpoint, outcome, None, None])
+            results.append([h.token, h.id, h.endpoint, outcome, None, None])
         return proto.stored(results)
 
     def _handle(
