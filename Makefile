@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOME_DIR ?= $(or $(RELAY_HOME),$(HOME)/.dork/relay)
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench install clean
+.PHONY: run test lint bench install clean clients
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,7 +18,11 @@ install: $(STAMP)
 run: $(STAMP)
 	RELAY_HOME=$(HOME_DIR) PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/honcho start
 
-test: $(STAMP)
+# The Node.js and C clients: Debian -dev packages, npm ci, the C build (clients/setup.sh).
+clients:
+	sh clients/setup.sh
+
+test: $(STAMP) clients
 	$(BIN)/pytest -n auto --dist loadfile
 
 lint: $(STAMP)

@@ -5,8 +5,8 @@ signals); calling threads hand it requests through an inproc socket and wait on 
 future with a deadline. Each subscription's handler runs on its own thread, in the
 order messages arrive, off the socket thread: a slow handler never blocks replies, and
 an exception in a handler nacks that message (the reason is the exception) instead of
-killing the client. While it has subscriptions the client pings once a second so the
-router knows it is alive (a silent client's subscriptions end after 5 s).
+killing the client. The client pings once a second so the router knows it is alive (a
+silent client's session ends after 5 s: its subscriptions, and its right to ack).
 """
 
 from __future__ import annotations
@@ -122,7 +122,9 @@ class Client:
                         self._receive(dealer)
                     else:
                         self._receive_signals(sub)
-                if self._subs and time.monotonic() >= next_ping:
+                # Always, not only while subscribed: a message being handled after an
+                # unsubscribe can still be acknowledged only by a live session.
+                if time.monotonic() >= next_ping:
                     dealer.send_multipart(wire.encode_request("ping", 0))
                     next_ping = time.monotonic() + HEARTBEAT_S
         finally:

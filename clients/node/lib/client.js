@@ -1,0 +1,661 @@
+"use strict";
+/**
+ * The Node.js Relay client: `connect()` returns a `Client` speaking docs/protocol.md.
+ *
+ * One DEALER socket carries requests, replies and pushed messages; replies are matched
+ * to requests by `rid`, so any number of requests can be in flight. A SUB socket for
+ * signals is opened on the first `onSignal`. While the client holds subscriptions or
+ * unacknowledged messages it pings once a second (the router ends a session silent
+ * for 5 s).
+ */
+const os = require("node:os");
+const path = require("node:path");
+const zmq = require("zeromq");
+
+const subjects = require("./subjects");
+const wire = require("./wire");
+const {
+  InvalidMessageError,
+  InvalidStateError,
+  RelayError,
+  TimeoutError,
+  UnavailableError,
+} = require("./errors");
+
+const DEFAULT_TIMEOUT_MS = 10_000;
+const HEARTBEAT_MS = 1_000;
+
+/** The requests address of a data directory: ipc://$HOME/run/router.sock. */
+function routerAddress(home) {
+  let root = home || process.env.RELAY_HOME || "~/.dork/relay";
+  if (root === "~" || root.startsWith("~/")) root = path.join(os.homedir(), root.slice(1));
+  return `ipc://${path.resolve(root, "run", "router.sock")}`;
+}
+
+/**
+ * Connect to a broker and say hello.
+ *
+ * @param {object} [options]
+ * @param {string} [options.address] requests address (ipc:// or tcp://); default from `home`
+ * @param {string} [options.home] data directory (default $RELAY_HOME or ~/.dork/relay)
+ * @param {number} [options.timeout] deadline of each request, in ms (default 10 s)
+ * @param {string} [options.name] a name for the broker's logs
+ * @param {string} [options.from] default sender subject of publish()
+ * @returns {Promise<Client>} rejects with UnavailableError when no broker answers in time
+ */
+async function connect(options = {}) {
+  const client = new Client(options.address || routerAddress(options.home), options);
+  try {
+    client.server = await client.request("hello", {
+      client: options.name || `relay-node/${process.pid}`,
+    });
+  } catch (err) {
+    await client.close({ bye: false });
+    if (err instanceof TimeoutError) {
+      throw new UnavailableError(
+        `broker unavailable at ${client.address}: no answer within ${client.timeout / 1000} s ` +
+          "(is `relay up` running for this home?)",
+      );
+    }
+    throw err;
+  }
+  return client;
+}
+
+class Client {
+  /** Use `connect()`, which also says hello. */
+  constructor(address, { timeout = DEFAULT_TIMEOUT_MS, from } = {}) {
+    this.address = address;
+    this.timeout = timeout;
+    this.defaultFrom = from;
+    /** The hello result: {server, version, signals, shards, limits}. */
+    this.server = null;
+    this.closed = false;
+    this._rid = 0;
+    /** rid -> {resolve, reject, timer, subscription?} */
+    this._pending = new Map();
+    /** subscription id -> Subscription */
+    this._subs = new Map();
+    /** "id endpoint" of messages pushed to this client and not settled yet */
+    this._held = new Set();
+    this._sendChain = Promise.resolve();
+    this._heartbeat = null;
+    this._signals = null; // {socket, handlers: Map<key, {pattern, prefix, handler}>}
+    this._signalKeys = 0;
+    this._dealer = new zmq.Dealer({ linger: 0 });
+    this._dealer.connect(address);
+    this._receiving = this._receiveLoop();
+  }
+
+  // ---------------------------------------------------------------- plumbing
+
+  _send(frames) {
+    // zeromq allows one send in progress per socket: queue them, in order.
+    const sent = this._sendChain.then(() => this._dealer.send(frames));
+    this._sendChain = sent.catch(() => {});
+    return sent;
+  }
+
+  async _receiveLoop() {
+    while (!this.closed) {
+      let frames;
+      try {
+        frames = await this._dealer.receive();
+      } catch (err) {
+        if (this.closed) return;
+        this._failAll(new UnavailableError(`receive failed: ${err.message}`));
+        return;
+      }
+      let incoming;
+      try {
+        incoming = wire.decodeIncoming(frames);
+      } catch {
+        continue; // undecodable frames from the broker: dropped
+      }
+      if (incoming.kind === "push") this._onPush(incoming);
+      else this._onReply(incoming);
+    }
+  }
+
+  _onReply(reply) {
+    if (reply.rid === 0) {
+      // The heartbeat's reply (rid 0) lists the subscriptions the router holds for us.
+      if (reply.ok) this._checkSubscriptions(reply.result);
+      return;
+    }
+    const waiting = this._pending.get(reply.rid);
+    if (!waiting) return; // one whose caller gave up
+    this._pending.delete(reply.rid);
+    clearTimeout(waiting.timer);
+    if (reply.ok && waiting.subscription) {
+      // Bound here, before the pushes that follow the reply are read.
+      const subscription = waiting.subscription;
+      subscription.id = reply.result.sub;
+      if (subscription._unsubscribing || subscription._ended) {
+        // Renewed while it was being stopped: stop the new one too.
+        this._send(wire.encodeRequest("unsubscribe", 0, { sub: subscription.id })).catch(() => {});
+      } else {
+        this._subs.set(subscription.id, subscription);
+        this._updateHeartbeat();
+      }
+    }
+    if (reply.ok) waiting.resolve(reply.result);
+    else waiting.reject(reply.error);
+  }
+
+  /**
+   * One of ours missing from a ping's `subs` means the router restarted or ended our
+   * session (silent for 5 s): subscribe again, under a new id. Replies come in order,
+   * so a subscription bound before this reply was sent to the router is in the list.
+   */
+  _checkSubscriptions(pong) {
+    const held = pong && Array.isArray(pong.subs) ? new Set(pong.subs) : null;
+    if (!held) return;
+    for (const [id, subscription] of this._subs) {
+      if (held.has(id) || subscription._unsubscribing) continue;
+      this._subs.delete(id);
+      subscription.id = null;
+      subscription.renewals += 1;
+      const { pattern, mode, credit } = subscription;
+      this.request("subscribe", { pattern, mode, credit }, { subscription }).catch((err) => {
+        subscription._end(false, err);
+      });
+    }
+  }
+
+  _onPush(push) {
+    const subscription = this._subs.get(push.sub);
+    if (!subscription) return; // its subscription ended; the message stays claimed
+    const message = new Message(this, subscription, push);
+    if (subscription.mode === "consume") {
+      this._held.add(message._key);
+      this._updateHeartbeat();
+      if (message.envelope === null) {
+        message.nack(`unreadable message: ${message.parseError}`).catch(() => {});
+        return;
+      }
+    }
+    subscription._push(message);
+  }
+
+  _failAll(error) {
+    for (const [rid, waiting] of this._pending) {
+      clearTimeout(waiting.timer);
+      waiting.reject(error);
+      this._pending.delete(rid);
+    }
+  }
+
+  _updateHeartbeat() {
+    const needed = !this.closed && (this._subs.size > 0 || this._held.size > 0);
+    if (needed && !this._heartbeat) {
+      this._heartbeat = setInterval(() => {
+        this._send(wire.encodeRequest("ping", 0)).catch(() => {});
+      }, HEARTBEAT_MS);
+    } else if (!needed && this._heartbeat) {
+      clearInterval(this._heartbeat);
+      this._heartbeat = null;
+    }
+  }
+
+  /**
+   * Send one request; resolves with its `result`, rejects with the typed error.
+   * @param {string} op @param {Record<string, unknown>} [fields]
+   * @param {{timeout?: number}} [options]
+   */
+  request(op, fields = {}, { timeout, subscription } = {}) {
+    if (this.closed) return Promise.reject(new UnavailableError("client is closed"));
+    this._rid = this._rid >= 2 ** 31 ? 1 : this._rid + 1;
+    const rid = this._rid;
+    const limit = timeout ?? this.timeout;
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this._pending.delete(rid);
+        reject(
+          new TimeoutError(`no reply to '${op}' from the broker at ${this.address} within ${limit / 1000} s`),
+        );
+      }, limit);
+      this._pending.set(rid, { resolve, reject, timer, subscription });
+      this._send(wire.encodeRequest(op, rid, fields)).catch((err) => {
+        if (this._pending.delete(rid)) {
+          clearTimeout(timer);
+          reject(new UnavailableError(`could not send '${op}': ${err.message}`));
+        }
+      });
+    });
+  }
+
+  // ---------------------------------------------------------------- endpoints
+
+  async ping() {
+    return this.request("ping");
+  }
+
+  /** Create the endpoint's mailbox (idempotent): {subject, hash, maildirPath, registeredAt}. */
+  async register(subject) {
+    return this.request("register", { subject: subjects.validate(subject) });
+  }
+
+  /** Remove the registration; its mailbox stays on disk. Resolves to whether it existed. */
+  async unregister(subject) {
+    return (await this.request("unregister", { subject: subjects.validate(subject) })).removed;
+  }
+
+  /** Registered endpoints, each with `depth` (messages waiting in new/). */
+  async endpoints() {
+    return (await this.request("endpoints")).endpoints;
+  }
+
+  // ---------------------------------------------------------------- publishing
+
+  /**
+   * Publish `payload` (anything JSON can hold) to a subject, or to every endpoint a
+   * pattern matches. Resolves when every copy is durable:
+   * {messageId, deliveredTo, rejected: [[hash, reason]], mailboxPressure, details}.
+   *
+   * @param {string} subject
+   * @param {unknown} payload
+   * @param {{from?: string, replyTo?: string, budget?: object, parentId?: string, timeout?: number}} [options]
+   */
+  async publish(subject, payload, { from, replyTo, budget, parentId, timeout } = {}) {
+    const sender = from ?? this.defaultFrom;
+    if (sender === undefined) throw new InvalidMessageError("publish needs a sender: options.from");
+    if (payload === undefined) throw new InvalidMessageError("publish needs a payload");
+    subjects.validate(subject, { wildcards: true });
+    subjects.validate(sender);
+    if (replyTo != null) subjects.validate(replyTo);
+    return this.request(
+      "publish",
+      { subject, from: sender, payload, replyTo: replyTo ?? undefined, budget, parentId },
+      { timeout },
+    );
+  }
+
+  /**
+   * Answer a message on its replyTo, carrying its budget forward (loops get caught).
+   * @param {Message} message @param {unknown} payload @param {{from?: string, replyTo?: string}} [options]
+   */
+  async reply(message, payload, { from, replyTo } = {}) {
+    const envelope = message.envelope || {};
+    if (!envelope.replyTo) throw new InvalidMessageError(`message ${message.id} has no replyTo to answer`);
+    const sender = from ?? this.defaultFrom;
+    return this.publish(envelope.replyTo, payload, {
+      from: sender,
+      replyTo: replyTo ?? sender,
+      budget: envelope.budget,
+      parentId: envelope.id,
+    });
+  }
+
+  // ---------------------------------------------------------------- consuming
+
+  /**
+   * Consume the messages of every endpoint matching `pattern`. Iterate the result with
+   * `for await`; each message must be answered with `ack()` or `nack(reason)`.
+   * Leaving the loop (break, return, throw) ends the subscription; messages it had
+   * received and not yet yielded stay claimed (see `pending`), at most `credit` of them.
+   *
+   * @param {string} pattern @param {{credit?: number}} [options]
+   * @returns {Promise<Subscription>}
+   */
+  async subscribe(pattern, { credit } = {}) {
+    return this._subscribe(pattern, "consume", credit);
+  }
+
+  /** Watch every message stored from now on whose endpoint matches: no claim, no ack. */
+  async observe(pattern) {
+    return this._subscribe(pattern, "observe", undefined);
+  }
+
+  /**
+   * Consume with a handler: a handler that returns (or resolves) acks the message,
+   * one that throws nacks it with the error as the reason, unless it settled the
+   * message itself. Messages are handled one at a time, in order.
+   *
+   * @param {string} pattern
+   * @param {(message: Message) => unknown} handler
+   * @param {{credit?: number, onError?: (err: Error) => void}} [options]
+   * @returns {Promise<Subscription>}
+   */
+  async consume(pattern, handler, { credit, onError } = {}) {
+    const subscription = await this.subscribe(pattern, { credit });
+    (async () => {
+      for await (const message of subscription) {
+        try {
+          await handler(message);
+          if (!message.settled) await message.ack();
+        } catch (err) {
+          if (!message.settled) {
+            const reason = `handler error: ${err && err.message ? err.message : err}`.slice(0, 1000);
+            await message.nack(reason).catch((e) => onError && onError(e));
+          } else if (onError) {
+            onError(err);
+          }
+        }
+      }
+    })().catch((err) => onError && onError(err));
+    return subscription;
+  }
+
+  async _subscribe(pattern, mode, credit) {
+    subjects.validate(pattern, { wildcards: true });
+    const subscription = new Subscription(this, pattern, mode, credit);
+    await this.request("subscribe", { pattern, mode, credit }, { subscription });
+    return subscription;
+  }
+
+  /** Claimed, never acknowledged messages of an endpoint (their consumer went away). */
+  async pending(subject, { limit } = {}) {
+    return (await this.request("pending", { subject: subjects.validate(subject), limit })).items;
+  }
+
+  /** An operator finishes a pending message as done. */
+  async complete(id, endpoint) {
+    return this.request("complete", { id, endpoint });
+  }
+
+  /** An operator finishes a pending message as failed (a dead letter). */
+  async fail(id, endpoint, reason = "failed by operator") {
+    return this.request("fail", { id, endpoint, reason });
+  }
+
+  // ---------------------------------------------------------------- signals
+
+  /**
+   * Send an ephemeral signal on a concrete subject (nothing is stored).
+   * `signal` is {type, state, endpointSubject?, timestamp?, data?}; endpointSubject
+   * defaults to `subject` and timestamp to now.
+   * @param {string} subject @param {object} signal @param {{from?: string}} [options]
+   */
+  async signal(subject, signal, { from } = {}) {
+    subjects.validate(subject);
+    const body = {
+      type: signal.type,
+      state: signal.state,
+      endpointSubject: signal.endpointSubject ?? subject,
+      timestamp: signal.timestamp ?? Date.now(),
+      data: signal.data,
+    };
+    await this.request("signal", { subject, signal: body, from });
+  }
+
+  /**
+   * Call `handler(subject, signal)` for each signal whose subject matches `pattern`.
+   * Resolves to a function that stops it. Like any ZeroMQ subscription it takes effect
+   * a moment later: signals sent before that are not seen.
+   *
+   * @param {string} pattern
+   * @param {(subject: string, signal: object) => void} handler
+   * @returns {Promise<() => void>}
+   */
+  async onSignal(pattern, handler) {
+    subjects.validate(pattern, { wildcards: true });
+    if (this.closed) throw new UnavailableError("client is closed");
+    if (!this._signals) {
+      const socket = new zmq.Subscriber({ linger: 0 });
+      socket.connect(this.server.signals);
+      this._signals = { socket, handlers: new Map() };
+      this._signalLoop(this._signals);
+    }
+    const key = ++this._signalKeys;
+    const prefix = subjects.literalPrefix(pattern);
+    this._signals.handlers.set(key, { pattern, prefix, handler });
+    this._signals.socket.subscribe(prefix);
+    return () => {
+      const signals = this._signals;
+      if (signals && signals.handlers.delete(key) && !this.closed) signals.socket.unsubscribe(prefix);
+    };
+  }
+
+  async _signalLoop(signals) {
+    while (!this.closed) {
+      let frames;
+      try {
+        frames = await signals.socket.receive();
+      } catch {
+        return; // closed
+      }
+      let subject, signal;
+      try {
+        [subject, signal] = wire.decodeSignal(frames);
+      } catch {
+        continue;
+      }
+      if (!subjects.isValid(subject)) continue;
+      for (const { pattern, handler } of [...signals.handlers.values()]) {
+        if (!subjects.matches(subject, pattern)) continue;
+        try {
+          handler(subject, signal);
+        } catch (err) {
+          process.emitWarning(`relay signal handler failed: ${err && err.stack ? err.stack : err}`);
+        }
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------- administration
+
+  /** Dead letters, optionally of one endpoint (hash, subject or "_unroutable"). */
+  async deadLetters({ endpoint, limit } = {}) {
+    return (await this.request("dead_letters", { endpoint, limit })).items;
+  }
+
+  /** Delete dead letters (of one endpoint, or all); resolves to how many. */
+  async purgeDeadLetters({ endpoint } = {}) {
+    return (await this.request("purge_dead_letters", { endpoint })).purged;
+  }
+
+  async addRule(rule) {
+    return this.request("add_rule", { rule });
+  }
+
+  async removeRule(from, to) {
+    return (await this.request("remove_rule", { from, to })).removed;
+  }
+
+  async listRules() {
+    return (await this.request("list_rules")).rules;
+  }
+
+  async getConfig() {
+    return this.request("get_config");
+  }
+
+  async setConfig(partial) {
+    return this.request("set_config", { config: partial });
+  }
+
+  async status() {
+    return this.request("status");
+  }
+
+  async trace(id) {
+    return this.request("trace", { id });
+  }
+
+  async rebuildIndex() {
+    return (await this.request("rebuild_index", {}, { timeout: Math.max(this.timeout, 120_000) })).messages;
+  }
+
+  // ---------------------------------------------------------------- lifecycle
+
+  /**
+   * Say bye and close the sockets. Messages received and not acknowledged stay claimed
+   * (listed by `pending`).
+   */
+  async close({ bye = true } = {}) {
+    if (this.closed) return;
+    if (bye && this.server) {
+      await this.request("bye", {}, { timeout: 1000 }).catch(() => {});
+    }
+    this.closed = true;
+    this._updateHeartbeat();
+    for (const subscription of this._subs.values()) subscription._end(true);
+    this._subs.clear();
+    this._failAll(new UnavailableError("client closed"));
+    this._dealer.close();
+    if (this._signals) this._signals.socket.close();
+    await this._receiving;
+  }
+}
+
+/** A subscription: an async iterable of Messages. */
+class Subscription {
+  constructor(client, pattern, mode, credit) {
+    this.client = client;
+    this.pattern = pattern;
+    this.mode = mode;
+    this.credit = credit;
+    /** The router's subscription id: set when subscribe is answered, new when renewed. */
+    this.id = null;
+    /** How often the router lost it (restart, session timeout) and it was renewed. */
+    this.renewals = 0;
+    /** Why it ended, when it ended on an error (a renewal that failed). */
+    this.error = null;
+    this._queue = [];
+    this._waiters = [];
+    this._ended = false;
+    this._unsubscribing = null;
+  }
+
+  _push(message) {
+    const waiter = this._waiters.shift();
+    if (waiter) waiter.resolve({ value: message, done: false });
+    else this._queue.push(message);
+  }
+
+  _end(discard = false, error = null) {
+    this._ended = true;
+    if (error) this.error = error;
+    if (this.id !== null) this.client._subs.delete(this.id);
+    if (discard) this._queue.length = 0;
+    for (const waiter of this._waiters.splice(0)) {
+      if (this.error) waiter.reject(this.error);
+      else waiter.resolve({ value: undefined, done: true });
+    }
+  }
+
+  /**
+   * The next message; `{done: true}` once the subscription has ended; rejects when it
+   * ended on an error (the router lost it and subscribing again failed).
+   */
+  next() {
+    if (this._queue.length) return Promise.resolve({ value: this._queue.shift(), done: false });
+    if (this._ended && this.error) return Promise.reject(this.error);
+    if (this._ended) return Promise.resolve({ value: undefined, done: true });
+    return new Promise((resolve, reject) => this._waiters.push({ resolve, reject }));
+  }
+
+  /** Called when a `for await` loop is left early: ends the subscription. */
+  async return() {
+    await this.unsubscribe({ discard: true });
+    return { value: undefined, done: true };
+  }
+
+  [Symbol.asyncIterator]() {
+    return this;
+  }
+
+  /**
+   * Stop: the router pushes no more. Messages already received are still yielded
+   * (unless `discard`), then iteration ends.
+   */
+  unsubscribe({ discard = false } = {}) {
+    if (!this._unsubscribing) {
+      this._unsubscribing = (async () => {
+        if (!this.client.closed && this.id !== null) {
+          await this.client.request("unsubscribe", { sub: this.id }).catch(() => {});
+        }
+        this._end(discard);
+        this.client._updateHeartbeat();
+      })();
+    } else if (discard) {
+      this._queue.length = 0;
+    }
+    return this._unsubscribing;
+  }
+}
+
+/** A message pushed to a subscription. */
+class Message {
+  constructor(client, subscription, push) {
+    this._client = client;
+    this.subscription = subscription;
+    /** subscription id, message id, endpoint hash: what ack/nack name */
+    this.sub = push.sub;
+    this.id = push.id;
+    this.endpoint = push.endpoint;
+    /** the message file's bytes (UTF-8 JSON) */
+    this.data = push.data;
+    this.settled = subscription.mode !== "consume";
+    this.parseError = null;
+    try {
+      const envelope = JSON.parse(push.data.toString("utf8"));
+      this.envelope = envelope && typeof envelope === "object" && !Array.isArray(envelope) ? envelope : null;
+      if (this.envelope === null) this.parseError = "the envelope is not a JSON object";
+    } catch (err) {
+      this.envelope = null;
+      this.parseError = err.message;
+    }
+  }
+
+  get _key() {
+    return `${this.id} ${this.endpoint}`;
+  }
+
+  /** The endpoint subject this copy was delivered to. */
+  get subject() {
+    return this.envelope && this.envelope.subject;
+  }
+
+  get from() {
+    return this.envelope && this.envelope.from;
+  }
+
+  get replyTo() {
+    return this.envelope ? this.envelope.replyTo ?? null : null;
+  }
+
+  get payload() {
+    return this.envelope ? this.envelope.payload : undefined;
+  }
+
+  get budget() {
+    return this.envelope && this.envelope.budget;
+  }
+
+  get createdAt() {
+    return this.envelope && this.envelope.createdAt;
+  }
+
+  /** Mark the message done (sends a delivery_receipt signal to its sender). */
+  ack() {
+    return this._settle("ack", {});
+  }
+
+  /** Move the message to failed/ (a dead letter with code `nack`). */
+  nack(reason) {
+    return this._settle("nack", { reason });
+  }
+
+  async _settle(op, fields) {
+    if (this.subscription.mode !== "consume") {
+      throw new InvalidStateError(`an observed message is not claimed: nothing to ${op}`);
+    }
+    if (this.settled) throw new InvalidStateError(`message ${this.id} was already settled`);
+    this.settled = true;
+    try {
+      return await this._client.request(op, { sub: this.sub, id: this.id, endpoint: this.endpoint, ...fields });
+    } catch (err) {
+      if (!(err instanceof RelayError) || err instanceof TimeoutError) this.settled = false;
+      throw err;
+    } finally {
+      if (this.settled) {
+        this._client._held.delete(this._key);
+        this._client._updateHeartbeat();
+      }
+    }
+  }
+}
+
+module.exports = { connect, routerAddress, Client, Subscription, Message, DEFAULT_TIMEOUT_MS };

@@ -1,0 +1,255 @@
+"use strict";
+/** The client against a running broker (RELAY_TEST_HOME); each test uses its own subjects. */
+const test = require("node:test");
+const assert = require("node:assert/strict");
+const crypto = require("node:crypto");
+
+const relay = require("..");
+const { brokerHome, signalsFlowing, sleep, waitFor } = require("./helpers");
+
+const home = brokerHome();
+const unique = () => `t${crypto.randomBytes(4).toString("hex")}`;
+
+async function withClient(fn, options = {}) {
+  const client = await relay.connect({ home, name: "node-tests", ...options });
+  try {
+    return await fn(client);
+  } finally {
+    await client.close();
+  }
+}
+
+test("hello, register, endpoints, unregister", () =>
+  withClient(async (client) => {
+    assert.equal(client.server.server, "relay");
+    assert.equal(client.server.version, 1);
+    assert.match(client.server.signals, /^(ipc|tcp):\/\//);
+    const subject = `relay.node.${unique()}.backend`;
+    const info = await client.register(subject);
+    assert.equal(info.subject, subject);
+    assert.equal(info.hash, relay.subjects.endpointHash(subject));
+    assert.deepEqual(await client.register(subject), info);
+    const listed = (await client.endpoints()).find((e) => e.subject === subject);
+    assert.equal(listed.hash, info.hash);
+    assert.equal(listed.depth, 0);
+    assert.equal(await client.unregister(subject), true);
+    assert.equal(await client.unregister(subject), false);
+    assert.ok(!(await client.endpoints()).some((e) => e.subject === subject));
+  }));
+
+test("publish, then for-await over the messages and ack them; the sender gets receipts", () =>
+  withClient(async (client) => {
+    const ns = `relay.node.${unique()}`;
+    const backend = `${ns}.backend`;
+    const frontend = `${ns}.frontend`;
+    const info = await client.register(backend);
+    const receipts = [];
+    const off = await client.onSignal(frontend, (subject, signal) => {
+      if (signal.type === "delivery_receipt") receipts.push([subject, signal]);
+    });
+    await signalsFlowing(client, frontend);
+    const first = await client.publish(backend, { content: "one" }, { from: frontend, replyTo: frontend });
+    assert.equal(first.deliveredTo, 1);
+    assert.deepEqual(first.rejected, []);
+    assert.ok(info.hash in first.mailboxPressure);
+
+    const subscription = await client.subscribe(`${ns}.*`);
+    const second = await client.publish(backend, { content: "two" }, { from: frontend });
+    const seen = [];
+    for await (const message of subscription) {
+      assert.equal(message.endpoint, info.hash);
+      assert.equal(message.subject, backend);
+      assert.equal(message.from, frontend);
+      assert.equal(typeof message.createdAt, "number");
+      assert.equal(message.budget.maxHops, 5);
+      seen.push(message.id);
+      assert.deepEqual(await message.ack(), { state: "done" });
+      await assert.rejects(message.ack(), relay.InvalidStateError);
+      if (seen.length === 2) break;
+    }
+    assert.deepEqual(seen, [first.messageId, second.messageId]); // backlog first, in order
+    assert.equal(subscription.id > 0, true);
+    const trace = await client.trace(first.messageId);
+    assert.equal(trace.copies[0].state, "done");
+    await waitFor(() => receipts.length === 2, { what: "two delivery receipts" });
+    for (const [subject, signal] of receipts) {
+      assert.equal(subject, frontend);
+      assert.equal(signal.type, "delivery_receipt");
+      assert.equal(signal.endpointSubject, backend);
+    }
+    assert.deepEqual(receipts.map(([, s]) => s.data.messageId).sort(), seen.slice().sort());
+    off();
+  }));
+
+test("nack makes a dead letter with code nack; dead letters can be listed and purged", () =>
+  withClient(async (client) => {
+    const subject = `relay.node.${unique()}.backend`;
+    const info = await client.register(subject);
+    const published = await client.publish(subject, { content: "bad" }, { from: "relay.node.sender" });
+    const subscription = await client.subscribe(subject, { credit: 1 });
+    for await (const message of subscription) {
+      await message.nack("could not parse it");
+      break;
+    }
+    const letters = await client.deadLetters({ endpoint: info.hash });
+    assert.equal(letters.length, 1);
+    assert.equal(letters[0].id, published.messageId);
+    assert.equal(letters[0].code, "nack");
+    assert.equal(letters[0].reason, "could not parse it");
+    assert.equal(letters[0].envelope.payload.content, "bad");
+    assert.equal((await client.deadLetters({ endpoint: subject })).length, 1); // by subject too
+    assert.equal(await client.purgeDeadLetters({ endpoint: info.hash }), 1);
+    assert.deepEqual(await client.deadLetters({ endpoint: info.hash }), []);
+  }));
+
+test("consume(): a handler that returns acks, one that throws nacks", () =>
+  withClient(async (client) => {
+    const subject = `relay.node.${unique()}.worker`;
+    const info = await client.register(subject);
+    const handled = [];
+    const subscription = await client.consume(subject, async (message) => {
+      handled.push(message.payload.n);
+      if (message.payload.n === 2) throw new Error("two is wrong");
+    });
+    const ids = [];
+    for (const n of [1, 2, 3]) {
+      ids.push((await client.publish(subject, { n }, { from: "relay.node.sender" })).messageId);
+    }
+    await waitFor(async () => {
+      const states = await Promise.all(ids.map(async (id) => (await client.trace(id)).copies[0].state));
+      return states.join() === "done,failed,done";
+    }, { what: "done, failed, done" });
+    assert.deepEqual(handled, [1, 2, 3]);
+    const [letter] = await client.deadLetters({ endpoint: info.hash });
+    assert.equal(letter.code, "nack");
+    assert.match(letter.reason, /two is wrong/);
+    await subscription.unsubscribe();
+  }));
+
+test("observe: every new message, no claim, nothing to ack", () =>
+  withClient(async (client) => {
+    const subject = `relay.node.${unique()}.watched`;
+    await client.register(subject);
+    const observer = await client.observe(subject);
+    const published = await client.publish(subject, "seen", { from: "relay.node.sender" });
+    const { value: message } = await observer.next();
+    assert.equal(message.id, published.messageId);
+    assert.equal(message.payload, "seen");
+    await assert.rejects(message.ack(), relay.InvalidStateError);
+    await observer.unsubscribe();
+    assert.deepEqual(await observer.next(), { value: undefined, done: true });
+    // Not claimed: it still waits in new/.
+    assert.equal((await client.endpoints()).find((e) => e.subject === subject).depth, 1);
+  }));
+
+test("leaving the loop ends the subscription; the message in hand can still be acked", () =>
+  withClient(async (client) => {
+    const subject = `relay.node.${unique()}.backend`;
+    await client.register(subject);
+    for (const n of [1, 2, 3]) await client.publish(subject, { n }, { from: "relay.node.sender" });
+    const subscription = await client.subscribe(subject, { credit: 1 });
+    let held;
+    for await (const message of subscription) {
+      held = message;
+      break;
+    }
+    assert.equal(held.payload.n, 1);
+    assert.equal((await client.pending(subject)).length, 1);
+    await held.ack();
+    assert.equal((await client.pending(subject)).length, 0);
+    const again = await client.subscribe(subject);
+    const rest = [];
+    for await (const message of again) {
+      rest.push(message.payload.n);
+      await message.ack();
+      if (rest.length === 2) break;
+    }
+    assert.deepEqual(rest, [2, 3]);
+  }));
+
+test("reply(): answers on replyTo with the budget carried forward", () =>
+  withClient(async (client) => {
+    const ns = `relay.node.${unique()}`;
+    await client.register(`${ns}.backend`);
+    await client.register(`${ns}.frontend`);
+    await client.publish(`${ns}.backend`, "question?", { from: `${ns}.frontend`, replyTo: `${ns}.frontend` });
+    const backend = await client.subscribe(`${ns}.backend`);
+    const { value: question } = await backend.next();
+    const answered = await client.reply(question, "answer!", { from: `${ns}.backend` });
+    assert.equal(answered.deliveredTo, 1);
+    await question.ack();
+    const frontend = await client.subscribe(`${ns}.frontend`);
+    const { value: answer } = await frontend.next();
+    assert.equal(answer.payload, "answer!");
+    assert.equal(answer.replyTo, `${ns}.backend`);
+    assert.equal(answer.budget.hopCount, 2);
+    await answer.ack();
+    await backend.unsubscribe();
+    await frontend.unsubscribe();
+  }));
+
+test("a subscription outlives 6 s of silence: the client pings", { timeout: 30_000 }, () =>
+  withClient(async (client) => {
+    const subject = `relay.node.${unique()}.idle`;
+    await client.register(subject);
+    const subscription = await client.subscribe(subject);
+    await sleep(6_000);
+    await withClient((other) => other.publish(subject, "late", { from: "relay.node.sender" }));
+    const { value } = await subscription.next();
+    assert.equal(value.payload, "late");
+    await value.ack();
+  }));
+
+test("a subscription the router lost (the session timed out) is renewed", { timeout: 30_000 }, () =>
+  withClient(async (client) => {
+    const subject = `relay.node.${unique()}.renewed`;
+    await client.register(subject);
+    const subscription = await client.subscribe(subject);
+    const first = subscription.id;
+    // Block this thread for 6 s: no pings, so the router ends the session.
+    Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 6_000);
+    await withClient((other) => other.publish(subject, "after", { from: "relay.node.sender" }));
+    const { value } = await subscription.next();
+    assert.equal(value.payload, "after");
+    assert.equal(subscription.renewals, 1);
+    assert.notEqual(subscription.id, first);
+    assert.equal(value.sub, subscription.id);
+    await value.ack();
+    await subscription.unsubscribe();
+  }));
+
+test("every error reply is a typed error with its code", () =>
+  withClient(async (client) => {
+    const registered = await client.register(`relay.node.${unique()}.errors`);
+    const cases = [
+      [() => client.request("teleport"), relay.UnknownOperationError, "unknown_operation"],
+      [() => client.request("publish", { subject: "a..b", from: "a.b", payload: 1 }), relay.InvalidSubjectError, "invalid_subject"],
+      [() => client.request("publish", { subject: "a.b", from: "a.b" }), relay.InvalidMessageError, "invalid_message"],
+      [() => client.pending(`relay.node.${unique()}.nobody`), relay.EndpointNotFoundError, "endpoint_not_found"],
+      [() => client.subscribe("relay.node.>", { credit: 5000 }), relay.LimitExceededError, "limit_exceeded"],
+      [() => client.request("unsubscribe", { sub: 987654 }), relay.InvalidStateError, "invalid_state"],
+      [() => client.setConfig({ limits: { maxCredit: "lots" } }), relay.InvalidConfigError, "invalid_config"],
+      [() => client.complete("01JDQ3ZV9R6Q4W1T3M5N7P8K2A", registered.hash), relay.MessageNotFoundError, "message_not_found"],
+      // checked locally, before anything is sent
+      [() => client.register("relay.*"), relay.InvalidSubjectError, "invalid_subject"],
+      [() => client.publish("relay.x", 1), relay.InvalidMessageError, "invalid_message"],
+    ];
+    for (const [call, cls, code] of cases) {
+      await assert.rejects(call(), (err) => {
+        assert.ok(err instanceof cls, `${err.name} is not a ${cls.name}`);
+        assert.equal(err.code, code);
+        assert.ok(err.message.length > 0);
+        return true;
+      });
+    }
+    const big = "x".repeat(1024 * 1024 + 1);
+    await assert.rejects(client.publish("relay.node.big", big, { from: "relay.node.sender" }), relay.PayloadTooLargeError);
+    assert.ok((await client.ping()).now > 0); // still usable
+  }));
+
+test("a closed client rejects requests; closing twice is fine", async () => {
+  const client = await relay.connect({ home });
+  await client.close();
+  await client.close();
+  await assert.rejects(client.ping(), (err) => err instanceof relay.UnavailableError && err.code === "unavailable");
+});

@@ -1,0 +1,154 @@
+"use strict";
+/** Tests that need no broker: subjects, errors, frames. */
+const test = require("node:test");
+const assert = require("node:assert/strict");
+
+const relay = require("..");
+const { subjects, wire } = relay;
+const { loadVectors, framesOf, mismatch } = require("./helpers");
+
+test("subjects: validation follows the grammar", () => {
+  for (const ok of ["a", "relay.agent.demo.backend", "a-b_c.D9", "x.".repeat(15) + "y"]) {
+    assert.equal(subjects.validate(ok), ok);
+  }
+  for (const bad of ["", ".a", "a.", "a..b", "a b", "a.*", "a.>", "a*b", "é", "x.".repeat(16) + "y",
+    "a".repeat(257), 5]) {
+    assert.throws(() => subjects.validate(bad), relay.InvalidSubjectError, String(bad));
+  }
+  assert.equal(subjects.validate("a.*.>", { wildcards: true }), "a.*.>");
+  for (const bad of ["a.>.b", "a.b*", ">a"]) {
+    assert.throws(() => subjects.validate(bad, { wildcards: true }), { code: "invalid_subject" });
+  }
+});
+
+test("subjects: NATS matching and literal prefixes", () => {
+  assert.ok(subjects.matches("a.b.c", "a.*.c"));
+  assert.ok(subjects.matches("a.b.c", "a.>"));
+  assert.ok(!subjects.matches("a", "a.>"));
+  assert.ok(!subjects.matches("a.b", "a.*.c"));
+  assert.ok(subjects.matches("a.b", "a.b"));
+  assert.ok(!subjects.matches("a.bc", "a.b"));
+  assert.equal(subjects.literalPrefix("relay.agent.*.x"), "relay.agent.");
+  assert.equal(subjects.literalPrefix("foo.>"), "foo.");
+  assert.equal(subjects.literalPrefix("*"), "");
+  assert.equal(subjects.literalPrefix("foo.bar"), "foo.bar");
+});
+
+test("subjects: the endpoint hash is the one the broker uses", () => {
+  assert.equal(subjects.endpointHash("relay.vectors.backend"), "dc1101848775");
+});
+
+test("errors: every code of the vectors has its own class", () => {
+  const codes = new Set(
+    loadVectors().vectors.filter((v) => !v.reply.ok).map((v) => v.reply.error.code),
+  );
+  for (const code of [...codes, ...Object.keys(loadVectors().not_covered)]) {
+    const err = relay.errorFromWire({ code, message: `a ${code}` });
+    assert.ok(err instanceof relay.RelayError);
+    assert.notEqual(err.constructor, relay.RelayError, `no class for ${code}`);
+    assert.equal(err.code, code);
+    assert.equal(err.message, `a ${code}`);
+  }
+  const unknown = relay.errorFromWire({ code: "brand_new", message: "m" });
+  assert.equal(unknown.constructor, relay.RelayError);
+  assert.equal(unknown.code, "brand_new");
+  assert.ok(relay.errorFromWire({ code: "endpoint_not_found" }) instanceof relay.NotFoundError);
+  assert.ok(new relay.TimeoutError("t") instanceof relay.UnavailableError);
+  assert.equal(new relay.TimeoutError("t").code, "timeout");
+});
+
+test("wire: requests, replies and pushes", () => {
+  const [magic, body] = wire.encodeRequest("publish", 7, { subject: "a.b", replyTo: undefined });
+  assert.equal(magic.toString(), "RLY1");
+  assert.deepEqual(wire.unpack(body), { op: "publish", rid: 7, subject: "a.b" });
+
+  const reply = wire.decodeIncoming([Buffer.from("RLY1"), wire.pack({ rid: 3, ok: true, result: { x: 1 } })]);
+  assert.deepEqual([reply.kind, reply.rid, reply.ok, reply.result], ["reply", 3, true, { x: 1 }]);
+
+  const error = wire.decodeIncoming([
+    Buffer.from("RLY1"),
+    wire.pack({ rid: 4, ok: false, error: { code: "invalid_subject", message: "no" } }),
+  ]);
+  assert.ok(error.error instanceof relay.InvalidSubjectError);
+
+  const push = wire.decodeIncoming([
+    Buffer.from("RLY1"),
+    wire.pack({ push: "message", sub: 1, id: "01JDQ3ZV9R6Q4W1T3M5N7P8K2A", endpoint: "3f0c5bd2a1e4" }),
+    Buffer.from("{}"),
+  ]);
+  assert.deepEqual([push.kind, push.sub, push.data.toString()], ["push", 1, "{}"]);
+
+  assert.throws(() => wire.decodeIncoming([Buffer.from("RLY1")]), relay.MalformedFrameError);
+  assert.throws(() => wire.decodeIncoming([Buffer.from("RLY2"), wire.pack({})]), relay.UnsupportedVersionError);
+  assert.throws(() => wire.decodeIncoming([Buffer.from("RLY1"), Buffer.from([0xc1])]), relay.MalformedFrameError);
+  assert.throws(() => wire.decodeIncoming([Buffer.from("RLY1"), wire.pack([1])]), relay.MalformedFrameError);
+
+  const [subject, signal] = wire.decodeSignal(wire.encodeSignal("a.b", { type: "typing" }));
+  assert.equal(subject, "a.b");
+  assert.deepEqual(signal, { type: "typing" });
+});
+
+test("vectors: every vector encodes, and the matcher is strict", () => {
+  for (const vector of loadVectors().vectors) {
+    assert.ok(framesOf(vector).length >= 1, vector.name);
+  }
+  assert.equal(mismatch({ a: "$int", b: [1] }, { a: 1, b: [1], c: 2 }), null);
+  assert.ok(mismatch({ a: "$int" }, { a: "1" }));
+  assert.ok(mismatch({ a: [1] }, { a: [1, 2] }));
+  assert.ok(mismatch({ a: 1 }, {}));
+  assert.ok(mismatch("x", "y"));
+});
+
+test("connect: no broker gives UnavailableError within the timeout", async () => {
+  const started = Date.now();
+  await assert.rejects(
+    relay.connect({ home: `/tmp/relay-nobody-${process.pid}`, timeout: 300 }),
+    (err) => {
+      assert.ok(err instanceof relay.UnavailableError);
+      assert.equal(err.code, "unavailable");
+      assert.match(err.message, /broker unavailable at ipc:\/\/\/tmp\/relay-nobody-\d+\/run\/router\.sock/);
+      assert.match(err.message, /no answer within 0\.3 s/);
+      return true;
+    },
+  );
+  assert.ok(Date.now() - started < 3000);
+});
+
+/** A ROUTER that answers hello and nothing else: a broker that stopped answering. */
+async function silentBroker(t) {
+  const zmq = require("zeromq");
+  const address = `ipc:///tmp/relay-node-silent-${process.pid}-${Math.random().toString(16).slice(2)}.sock`;
+  const router = new zmq.Router({ linger: 0 });
+  await router.bind(address);
+  (async () => {
+    for await (const [identity, magic, body] of router) {
+      const request = wire.unpack(body);
+      if (request.op === "hello") {
+        await router.send([identity, magic, wire.pack({ rid: request.rid, ok: true, result: { signals: "" } })]);
+      }
+    }
+  })().catch(() => {});
+  t.after(() => router.close());
+  return address;
+}
+
+test("a request with no reply gives TimeoutError after the client's deadline", async (t) => {
+  const client = await relay.connect({ address: await silentBroker(t), timeout: 200 });
+  const started = Date.now();
+  await assert.rejects(client.ping(), (err) => {
+    assert.ok(err instanceof relay.TimeoutError && err instanceof relay.UnavailableError);
+    assert.equal(err.code, "timeout");
+    assert.match(err.message, /no reply to 'ping' .* within 0\.2 s/);
+    return true;
+  });
+  assert.ok(Date.now() - started >= 190);
+  await assert.rejects(client.request("status", {}, { timeout: 50 }), { code: "timeout" });
+  await client.close({ bye: false });
+});
+
+test("closing rejects the requests in flight with UnavailableError", async (t) => {
+  const client = await relay.connect({ address: await silentBroker(t), timeout: 5000 });
+  const inflight = client.status();
+  await client.close({ bye: false });
+  await assert.rejects(inflight, (err) => err instanceof relay.UnavailableError && err.code === "unavailable");
+});

@@ -1,0 +1,258 @@
+"""The Node.js client (clients/node) against a real broker, with a Python SDK peer.
+
+Runs the client's own node:test suites (unit, the shared vectors, the client against
+the broker) and then exchanges messages and signals between Node and Python both ways.
+Needs `node` and `npm ci` in clients/node: `make clients` (which `make test` runs) does
+both; without them these tests fail, saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sdk.client import Client
+from sdk.subjects import endpoint_hash
+from sdk.types import Envelope, Signal, SignalType
+from tests.harness import Broker, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE_DIR = ROOT / "clients" / "node"
+SETUP_HINT = "run `make clients` (it runs `npm ci` in clients/node)"
+
+
+def node() -> str:
+    path = shutil.which("node")
+    if path is None:
+        pytest.fail(f"node is not installed; the Node client needs Node.js >= 18: {SETUP_HINT}")
+    for package in ("zeromq", "@msgpack/msgpack"):
+        if not (NODE_DIR / "node_modules" / package / "package.json").exists():
+            pytest.fail(f"clients/node/node_modules/{package} is missing: {SETUP_HINT}")
+    return path
+
+
+def node_env(broker: Broker | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    if broker is not None:
+        env["RELAY_TEST_HOME"] = str(broker.home.root)
+    return env
+
+
+def run_node_tests(broker: Broker | None, test_file: str, timeout: float = 240) -> None:
+    proc = subprocess.run(
+        [node(), "--test", "--test-reporter=spec", f"test/{test_file}"],
+        cwd=NODE_DIR,
+        env=node_env(broker),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, (
+        f"node --test test/{test_file} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    )
+
+
+class Peer:
+    """`node test/peer.js ...` running beside the test, its JSON lines read as they come."""
+
+    def __init__(self, broker: Broker, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [node(), "test/peer.js", *args],
+            cwd=NODE_DIR,
+            env=node_env(broker),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(json.loads(line))
+        self.lines.put(None)
+
+    def next(self, timeout: float = 15) -> dict[str, Any]:
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"node peer said nothing for {timeout} s") from None
+        if line is None:
+            raise AssertionError(f"node peer ended: {self.finish()}")
+        assert "error" not in line, line
+        return line
+
+    def finish(self, timeout: float = 15) -> str:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        stderr = self.proc.stderr.read() if self.proc.stderr else ""
+        return f"exit {self.proc.returncode}; stderr: {stderr}"
+
+
+def signals_flowing(client: Client, subject: str) -> None:
+    """Return once signals on subject reach client: a ZeroMQ subscription takes effect a
+    moment after on_signal, so send probe signals until one comes back."""
+    seen: list[Signal] = []
+    stop = client.on_signal(subject, lambda _, signal: seen.append(signal))
+    try:
+        probe = Signal(SignalType.PRESENCE, "probe", subject, int(time.time() * 1000))
+        deadline = time.monotonic() + 10
+        while not seen:
+            assert time.monotonic() < deadline, f"no signal on {subject} came back"
+            client.signal(subject, probe)
+            time.sleep(0.05)
+    finally:
+        stop()
+
+
+def test_node_unit_tests():
+    run_node_tests(None, "unit.test.js")
+
+
+def test_node_runs_the_shared_vectors(broker: Broker):
+    run_node_tests(broker, "vectors.test.js")
+
+
+def test_node_client_against_the_broker(broker: Broker):
+    run_node_tests(broker, "client.test.js")
+
+
+def test_node_publishes_python_consumes_and_acks(broker: Broker):
+    python = broker.client()
+    python.register_endpoint("relay.interop.python")
+    got: list[Envelope] = []
+    python.subscribe("relay.interop.python", got.append)
+
+    peer = Peer(
+        broker,
+        "publish",
+        "relay.interop.python",
+        "relay.interop.node",
+        json.dumps({"content": "from node", "n": [1, 2.5, None, True], "ü": "ü"}),
+        "--receipt",
+    )
+    result = peer.next()["result"]
+    assert result["deliveredTo"] == 1 and result["rejected"] == []
+    wait_for(lambda: got, what="the Python subscriber to get the message")
+    envelope = got[0]
+    assert envelope.id == result["messageId"]
+    assert envelope.sender == "relay.interop.node"
+    assert envelope.reply_to == "relay.interop.node"
+    assert envelope.payload == {"content": "from node", "n": [1, 2.5, None, True], "ü": "ü"}
+    # The Python subscriber acked it: done, and the Node publisher got the receipt signal.
+    wait_for(lambda: python.trace(envelope.id)["copies"][0]["state"] == "done", what="state done")
+    receipt = peer.next()["receipt"]
+    assert receipt["type"] == "delivery_receipt", receipt
+    assert receipt["data"]["messageId"] == envelope.id
+    assert receipt["endpointSubject"] == "relay.interop.python"
+    peer.finish()
+    assert peer.proc.returncode == 0
+
+
+def test_python_publishes_node_consumes_acks_and_nacks(broker: Broker):
+    python = broker.client()
+    info = python.register_endpoint("relay.interop.node")
+    receipts: list[Signal] = []
+    python.on_signal(
+        "relay.interop.python",
+        lambda _, signal: signal.type is SignalType.DELIVERY_RECEIPT and receipts.append(signal),
+    )
+    signals_flowing(python, "relay.interop.python")
+    # One message waits before Node subscribes (the backlog), two come after.
+    first = python.publish("relay.interop.node", {"n": 1}, sender="relay.interop.python")
+    peer = Peer(broker, "consume", "relay.interop.*", "3")
+    assert peer.next()["ready"]
+    second = python.publish(
+        "relay.interop.node", {"n": 2, "nack": True}, sender="relay.interop.python"
+    )
+    third = python.publish("relay.interop.node", {"n": 3}, sender="relay.interop.python")
+
+    seen = [peer.next() for _ in range(3)]
+    assert [m["id"] for m in seen] == [first.message_id, second.message_id, third.message_id]
+    assert [m["envelope"]["payload"]["n"] for m in seen] == [1, 2, 3]
+    assert all(m["endpoint"] == info.hash == endpoint_hash("relay.interop.node") for m in seen)
+    assert seen[0]["envelope"]["from"] == "relay.interop.python"
+    assert [m["settled"]["state"] for m in seen] == ["done", "failed", "done"]
+    peer.finish()
+    assert peer.proc.returncode == 0
+
+    states = [python.trace(m["id"])["copies"][0]["state"] for m in seen]
+    assert states == ["done", "failed", "done"]
+    [letter] = python.dead_letters(info.hash)
+    assert letter["id"] == second.message_id
+    assert (letter["code"], letter["reason"]) == ("nack", "asked to nack")
+    wait_for(lambda: len(receipts) == 2, what="two delivery receipts for the Python sender")
+    assert sorted(s.data["messageId"] for s in receipts) == sorted(
+        [first.message_id, third.message_id]
+    )
+
+
+def test_signals_from_python_to_node(broker: Broker):
+    python = broker.client()
+    peer = Peer(broker, "signals", "relay.interop.sig.*", "1")
+    assert peer.next()["ready"]
+    signal = Signal(
+        SignalType.PROGRESS, "50%", "relay.interop.sig.node", int(time.time() * 1000), {"step": 5}
+    )
+    received: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 15
+    while not received and time.monotonic() < deadline:
+        python.signal("relay.interop.sig.node", signal)  # again until the SUB has joined
+        try:
+            received.append(peer.next(timeout=0.2))
+        except AssertionError:
+            continue
+    assert received, "the Node peer saw no signal"
+    assert received[0]["subject"] == "relay.interop.sig.node"
+    assert received[0]["signal"] == signal.to_wire()
+    peer.finish()
+    assert peer.proc.returncode == 0
+
+
+def test_signals_from_node_to_python(broker: Broker):
+    python = broker.client()
+    got: list[tuple[str, Signal]] = []
+    python.on_signal("relay.interop.>", lambda subject, signal: got.append((subject, signal)))
+    peer = Peer(broker, "signal", "relay.interop.python.inbox", "typing", "active", "30")
+    wait_for(lambda: got, timeout=15, what="a signal from Node")
+    subject, signal = got[0]
+    assert subject == "relay.interop.python.inbox"
+    assert signal.type is SignalType.TYPING
+    assert signal.state == "active"
+    assert signal.endpoint_subject == "relay.interop.python.inbox"
+    assert isinstance(signal.data["n"], int)
+    assert peer.next()["sent"] == 30
+    peer.finish()
+
+
+def test_a_node_consumer_keeps_consuming_across_a_router_restart(broker: Broker):
+    broker.client().register_endpoint("relay.interop.restart")
+    peer = Peer(broker, "consume", "relay.interop.restart", "2")
+    assert peer.next()["ready"]
+    first = broker.client().publish("relay.interop.restart", 1, sender="relay.interop.python")
+    assert peer.next()["id"] == first.message_id
+    broker.kill("router", signal.SIGTERM)
+    broker.start_router()
+    broker.wait_ready()
+    # The router lost the subscription; the Node client's next ping shows it, and it
+    # subscribes again.
+    second = broker.client().publish("relay.interop.restart", 2, sender="relay.interop.python")
+    line = peer.next(timeout=20)
+    assert line["id"] == second.message_id
+    assert line["settled"] == {"state": "done"}
+    peer.finish()
+    assert peer.proc.returncode == 0
