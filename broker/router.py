@@ -773,7 +773,8 @@ class Router:
             if sender is None:
                 raise InvalidState(
                     f"message {message_id} of endpoint {endpoint} is not held by "
-                    "this connection (already acknowledged, or never delivered)"
+                    "this connection (already acknowledged, never delivered, or held by a "
+                    "session that ended after 5 s of silence)"
                 )
 
         def finish(job: Pending) -> Any:

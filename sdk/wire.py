@@ -47,6 +47,7 @@ OPERATIONS = frozenset(
         "signal",
         "dead_letters",
         "purge_dead_letters",
+        "compact_remove",
         "pending",
         "complete",
         "fail",

@@ -13,8 +13,8 @@ Router → writer, ``[kind, msgpack header]`` or ``[kind, header, data]``:
              and its data frame the file bytes; target is ``new`` or ``failed`` (a dead
              letter, with the reason, code and time in its file).
 ``claim``    ``[sub, id, endpoint]``: move new/ → cur/ for subscription ``sub``.
-``op``       ``[token, name, args]``: done, fail, requeue, purge, rebuild, watch;
-             answered by a ``reply`` with the same token.
+``op``       ``[token, name, args]``: done, fail, requeue, purge, rebuild, watch,
+             compact_remove; answered by a ``reply`` with the same token.
 
 Writer → router:
 
