@@ -28,13 +28,11 @@ from typing import Any
 import zmq
 
 from broker import consumers as cons
-from broker.backpressure import Level, Pressure, pressure
-from broker.breaker import BreakerSettings, CircuitBreaker
 from broker.consumers import Consumers, EndpointQueue, Session
 from broker.control import ControlPlane
 from broker.publish import Copy, PublishPlan, PublishRequest, Refusal, encode_payload, plan_publish
-from broker.ratelimit import RateLimiter
-from broker.rejections import BACKPRESSURE, CIRCUIT_OPEN, RATE_LIMITED, RejectionLog
+from broker.rejections import RATE_LIMITED, RejectionLog
+from broker.reliability import Reliability
 from broker.rules import RuleSet
 from broker.sublist import Sublist
 from broker.watch import CONFIG_FILE, RULES_FILE, FileWatch
@@ -120,12 +118,10 @@ class Router:
 
         self.control = ControlPlane(home.control_db, home.mailboxes)
         self.rules = RuleSet(self.control.list_rules())
-        self.limiter = RateLimiter()
         self.rejections = RejectionLog(self.home.root / "rejections.db")  # for ops metrics
-        self.breakers: dict[str, CircuitBreaker] = {}
         self.file_errors: dict[str, str] = {}  # config.json / access-rules.json -> problem
-        self._signalled: dict[tuple[str, str, str], int] = {}  # backpressure signal throttle
-        self._apply_config(self.control.get_config())
+        self.config = self.control.get_config()
+        self.reliability = Reliability(self.config, self._depth_of)
         self.watch = FileWatch(self.home.root)
         self.endpoints: dict[str, EndpointInfo] = {}  # subject -> info
         self.by_hash: dict[str, EndpointInfo] = {}
@@ -259,7 +255,7 @@ class Router:
             self._forget(token)
             for endpoint, copy in job.copies.items():
                 if endpoint not in job.outcomes:  # a writer never answered: a failure
-                    self._breaker_outcome(copy, success=False, now=now)
+                    self.reliability.outcome(copy, success=False, now=now)
             shards = ", ".join(str(s) for s in sorted(job.shards)) or "?"
             self._reply_error(
                 job.client,
@@ -269,8 +265,7 @@ class Router:
                     f"{WRITER_DEADLINE_MS / 1000:g} s; is it running?"
                 ),
             )
-        self.limiter.forget_idle(now)
-        self._signalled = {k: t for k, t in self._signalled.items() if now - t < 1000}
+        self.reliability.prune(now)
         for identity in self.consumers.expired(now):
             log.info(
                 "client %s silent for %d ms: session ended", identity.hex(), cons.SESSION_TIMEOUT_MS
@@ -351,17 +346,16 @@ class Router:
         raw_budget = req.get("budget")
         budget = default_budget(now) if raw_budget is None else Budget.from_wire(raw_budget)
         message_id = new_id(now)
-        if self.config["rateLimit"]["enabled"]:
-            verdict = self.limiter.check(sender, now)
-            if not verdict.allowed:  # before fan-out; nothing is written
-                self.rejections.record(now, RATE_LIMITED, "*", sender)
-                return {
-                    "messageId": message_id,
-                    "deliveredTo": 0,
-                    "rejected": [["*", "rate_limited"]],
-                    "mailboxPressure": {},
-                    "details": {"*": verdict.reason},
-                }
+        verdict = self.reliability.rate(sender, now)
+        if verdict is not None:  # before fan-out; nothing is written
+            self.rejections.record(now, RATE_LIMITED, "*", sender)
+            return {
+                "messageId": message_id,
+                "deliveredTo": 0,
+                "rejected": [["*", "rate_limited"]],
+                "mailboxPressure": {},
+                "details": {"*": verdict.reason},
+            }
         request = PublishRequest(message_id, subject, sender, reply_to, budget, now, payload_json)
         plan = plan_publish(
             request,
@@ -369,10 +363,10 @@ class Router:
             self.rules,
             payload_json,
             now,
-            gate=lambda target: self._gate(target.hash, sender, now),
+            gate=lambda target: self._gate(target, sender, now),
         )
-        if plan.stores_something and self.config["rateLimit"]["enabled"]:
-            self.limiter.record(sender, now)
+        if plan.stores_something:
+            self.reliability.count(sender, now)
         writes = plan.writes
         if not writes:
             return self._publish_result(message_id, plan, {})
@@ -385,7 +379,7 @@ class Router:
                     "unavailable",
                     f"writer for shard {shard} is not running",
                 )
-                self._release_probe(copy)
+                self.reliability.never_tried(copy)
         to_send = [copy for copy in writes if copy.endpoint not in outcomes]
         if not to_send:
             return self._publish_result(message_id, plan, outcomes)
@@ -431,7 +425,7 @@ class Router:
                         "unavailable",
                         f"writer for shard {shard} is not running",
                     )
-                    self._release_probe(job.copies[endpoint])
+                    self.reliability.never_tried(job.copies[endpoint])
                     self._progress(token, job)
 
     def _publish_result(
@@ -453,7 +447,7 @@ class Router:
             "messageId": message_id,
             "deliveredTo": delivered,
             "rejected": rejected,
-            "mailboxPressure": {e: self._pressure_of(e).ratio for e in touched},
+            "mailboxPressure": {e: self.reliability.pressure_of(e).ratio for e in touched},
             "details": details,
         }
 
@@ -461,82 +455,30 @@ class Router:
 
     def _apply_config(self, config: dict[str, Any]) -> None:
         self.config = config
-        self.limiter.configure(config["rateLimit"])
-        settings = BreakerSettings.from_config(config["circuitBreaker"])
-        for breaker in self.breakers.values():
-            breaker.settings = settings
+        self.reliability.configure(config)
 
-    def _breaker(self, endpoint: str) -> CircuitBreaker:
-        breaker = self.breakers.get(endpoint)
-        if breaker is None:
-            settings = BreakerSettings.from_config(self.config["circuitBreaker"])
-            breaker = self.breakers[endpoint] = CircuitBreaker(settings)
-        return breaker
-
-    def _pressure_of(self, endpoint: str) -> Pressure:
-        section = self.config["backpressure"]
+    def _depth_of(self, endpoint: str) -> int:
         queue = self.queues.get(endpoint)
-        return pressure(
-            queue.depth if queue else 0,
-            section["maxMailboxSize"],
-            section["pressureWarningAt"],
-            section["enabled"],
-        )
+        return queue.depth if queue else 0
 
-    def _gate(self, endpoint: str, sender: str, now: int) -> tuple[Refusal | None, bool]:
+    def _gate(self, target: EndpointInfo, sender: str, now: int) -> tuple[Refusal | None, bool]:
         """Backpressure, then the circuit breaker, for one target of a publish."""
-        load = self._pressure_of(endpoint)
-        if load.level is not Level.OK:
-            self._backpressure_signal(endpoint, sender, load, now)
-        if load.reject:
-            self.rejections.record(now, BACKPRESSURE, endpoint, sender)
-            return Refusal("backpressure", load.reason), False
-        if not self.config["circuitBreaker"]["enabled"]:
-            return None, False
-        breaker = self._breaker(endpoint)
-        admitted, probe = breaker.admit(now)
-        if not admitted:
-            self.rejections.record(now, CIRCUIT_OPEN, endpoint, sender)
-            return Refusal("circuit_open", breaker.reason(endpoint)), False
-        return None, probe
-
-    def _release_probe(self, copy: Copy) -> None:
-        """A probe that was never tried (its writer is down) frees its slot, counts nothing."""
-        if copy.probe and copy.endpoint in self.breakers:
-            self.breakers[copy.endpoint].release_probe()
-
-    def _breaker_outcome(self, copy: Copy, *, success: bool, now: int) -> None:
-        if copy.endpoint == UNROUTABLE or not self.config["circuitBreaker"]["enabled"]:
-            return
-        breaker = self._breaker(copy.endpoint)
-        if copy.probe:
-            breaker.probe_done(success, now)
-        else:
-            breaker.record(success, now)
-
-    def _backpressure_signal(self, endpoint: str, sender: str, load: Pressure, now: int) -> None:
-        """Warn the sender and the endpoint, at most once a second per level and subject."""
-        info = self.by_hash.get(endpoint)
-        if info is None:
-            return
-        signal_ = Signal(
-            SignalType.BACKPRESSURE, load.level.value, info.subject, now, load.signal_data()
-        )
-        for subject in (sender, info.subject):
-            key = (endpoint, subject, load.level.value)
-            if now - self._signalled.get(key, -1000) >= 1000:
-                self._signalled[key] = now
-                self.signals.send_multipart(wire.encode_signal(subject, signal_.to_wire()))
+        refusal, probe, signals = self.reliability.gate(target.hash, target.subject, sender, now)
+        for subject, signal_ in signals:
+            self.signals.send_multipart(wire.encode_signal(subject, signal_.to_wire()))
+        if refusal is not None:
+            self.rejections.record(now, refusal.reason, target.hash, sender)
+        return refusal, probe
 
     def _seed_rate_limiter(self) -> None:
         """The rate-limit window survives a restart: refill it from the indexes."""
-        since = now_ms() - self.limiter.window_secs * 1000
+        since = now_ms() - self.reliability.limiter.window_secs * 1000
         seen: dict[str, tuple[str, int]] = {}
         with self._shard_indexes() as indexes:
             for index in indexes:
                 for message_id, sender, created_at in index.recent_publishes(since):
                     seen[message_id] = (sender, created_at)
-        self.limiter.seed(seen.values())
+        self.reliability.seed(seen.values())
 
     def _load_files(self, names: set[str], *, only_if_changed: bool = False) -> None:
         """Apply config.json / access-rules.json; a bad file is reported, never half-applied.
@@ -698,13 +640,12 @@ class Router:
         }
 
     def _endpoint_status(self, info: EndpointInfo) -> dict[str, Any]:
-        load = self._pressure_of(info.hash)
-        breaker = self.breakers.get(info.hash)
+        load = self.reliability.pressure_of(info.hash)
         return {
             **info.to_wire(),
             "depth": load.depth,
             "pressure": load.ratio,
-            "breaker": breaker.describe(now_ms()) if breaker else {"state": "closed"},
+            "breaker": self.reliability.describe(info.hash, now_ms()),
         }
 
     def _op_subscribe(self, session: Session, req: wire.Request) -> Any:
@@ -778,8 +719,8 @@ class Router:
                 )
 
         def finish(job: Pending) -> Any:
-            if not operator and self.config["circuitBreaker"]["enabled"]:
-                self._breaker(endpoint).record(name == "done", now_ms())  # ack / nack
+            if not operator:  # an ack or a nack teaches the endpoint's breaker
+                self.reliability.consumer_outcome(endpoint, success=name == "done", now=now_ms())
             if name == "done" and sender:
                 self._delivery_receipt(message_id, endpoint, sender)
             self._dispatch(endpoint)  # the credit given back may take the next message
@@ -1109,7 +1050,7 @@ class Router:
                 if endpoint not in job.outcomes and shard_of(endpoint, self.shards) == shard:
                     # Its outcome is unknown (it may be durable): an error, never "delivered".
                     job.outcomes[endpoint] = ("unavailable", error)
-                    self._release_probe(copy)
+                    self.reliability.never_tried(copy)
                     self._progress(token, job)
         self._resync_shard(shard)
 
@@ -1166,7 +1107,7 @@ class Router:
             return
         if stored_at is not None and copy.dead is None:
             self._on_new_message(message_id, endpoint, copy.data)
-        self._breaker_outcome(copy, success=stored_at is not None, now=now_ms())
+        self.reliability.outcome(copy, success=stored_at is not None, now=now_ms())
         job.outcomes[endpoint] = None if stored_at is not None else (code, message)
         self._progress(token, job)
 
