@@ -1,6 +1,6 @@
 """`python -m bench` (`make bench`): every bench module, one table, one JSON file.
 
-    python -m bench [--only subjects|storage|broker] [--rounds N]
+    python -m bench [--only subjects|storage|broker|ops] [--rounds N]
 
 Prints one table (metric, Relay, unit, ceiling, ratio, goal, met) and writes the same
 rows with machine info to bench/results/<UTC timestamp>.json (git-ignored). Exits 1 when
@@ -24,6 +24,7 @@ MODULES = {
     "subjects": "bench.bench_subjects",
     "storage": "bench.bench_storage",
     "broker": "bench.bench_broker",
+    "ops": "bench.bench_ops",
 }
 RESULTS = Path(__file__).parent / "results"
 HEADER = ("metric", "Relay", "unit", "ceiling name", "ceiling", "ratio", "goal", "met")

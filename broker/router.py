@@ -45,6 +45,7 @@ from sdk.errors import (
     InvalidState,
     LimitExceeded,
     RelayError,
+    StorageError,
     Unavailable,
     UnknownOperation,
     from_code,
@@ -942,11 +943,19 @@ class Router:
         from truncating its WAL. Opening costs ~0.1 ms; queries are operator requests.
         """
         shards = [shard_of(endpoint, self.shards)] if endpoint else range(self.shards)
-        paths = [p for p in map(self.home.index_db, shards) if p.exists()]
-        indexes = [MessageIndex(p, readonly=True) for p in paths]
-        for index in [i for i in indexes if i.schema_version == 0]:
-            index.close()  # its writer created the file and has not made the tables yet
-            indexes.remove(index)
+        indexes = []
+        for path in map(self.home.index_db, shards):
+            if not path.exists():
+                continue
+            try:
+                index = MessageIndex(path, readonly=True)
+            except StorageError as exc:  # damaged: its writer rebuilds it at start
+                log.warning("index %s unreadable, skipped: %s", path, exc)
+                continue
+            if index.schema_version == 0:  # its writer has not made the tables yet
+                index.close()
+                continue
+            indexes.append(index)
         try:
             yield indexes
         finally:

@@ -17,7 +17,10 @@ Per batch of candidates (in (id, endpoint) order, from the shard indexes, read-o
    by an earlier run that was killed before its removal) and writes the rest, by UTC day
    of their finish time, through the archive's commit protocol (ops/archive.py);
 3. the archived copies (and those found already archived) are removed from the live
-   store by their writers, or by this job when no broker runs (ops/removal.py).
+   store by their writers, or by this job when no broker runs (ops/removal.py). The
+   removal of a batch runs on a thread of its own while the next batch is read and
+   written (the removal waits on the disk, the write on the CPUs); it starts only once
+   its own batch has committed, and one removal runs at a time.
 
 Then the router's old rejection counts are archived the same way, and each index is
 checkpointed and, past ``--vacuum-pages`` free pages, vacuumed. A run killed anywhere
@@ -33,6 +36,7 @@ import secrets
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -206,6 +210,17 @@ def compact(spark, opts: CompactOptions, progress: Progress | None = None) -> Co
     remover = choose_removal(opts.home, opts.removal)
     summary.removal = remover.mode
     totals = RemovalTotals()
+    # One removal in flight, overlapping the next batch's read and Spark write.
+    background = ThreadPoolExecutor(1, thread_name_prefix="relay-compact-remove")
+    pending: Future | None = None
+
+    def settle() -> None:
+        nonlocal pending
+        if pending is not None:
+            done, pending = pending, None
+            done.result()  # its error (e.g. OpsError) stops the run here
+            progress.update("remove", totals.removed)
+
     try:
         reader = FileReader(opts.home)
         with open_indexes(opts.home) as indexes:
@@ -238,15 +253,18 @@ def compact(spark, opts: CompactOptions, progress: Progress | None = None) -> Co
                     summary.already_archived += len(file_rows) - committed.rows
                     progress.update("write", summary.archived, f"batch {seq + 1}")
                 fault_point(AFTER_COMMIT)
-                progress.update("remove", totals.removed)
-                remover.remove(keys, hints, totals)
-                progress.update("remove", totals.removed)
+                settle()  # the previous batch's removal
+                pending = background.submit(remover.remove, keys, hints, totals)
+            settle()
         summary.rejection_rows = _compact_rejections(
             spark, opts, archive, summary.run_id, failed_before
         )
         progress.update("checkpoint")
         remover.finish(opts.vacuum_pages, totals)
     finally:
+        if pending is not None:  # a failure elsewhere: let the removal finish first
+            wait([pending])
+        background.shutdown()
         remover.close()
         progress.done()
     summary.removed, summary.files_removed = totals.removed, totals.files

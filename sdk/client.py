@@ -69,6 +69,7 @@ class Client:
         self._ctx = ctx or zmq.Context.instance()
         self._rids = itertools.count(1)
         self._futures: dict[int, Future] = {}
+        self._deadlines: dict[int, float] = {}  # rid -> time.monotonic() deadline
         self._lock = threading.Lock()
         self._closed = False
         self._subs: dict[int, _SubscriptionWorker] = {}
@@ -124,13 +125,31 @@ class Client:
                         self._receive_signals(sub)
                 # Always, not only while subscribed: a message being handled after an
                 # unsubscribe can still be acknowledged only by a live session.
-                if time.monotonic() >= next_ping:
-                    dealer.send_multipart(wire.encode_request("ping", 0))
-                    next_ping = time.monotonic() + HEARTBEAT_S
+                now = time.monotonic()
+                if now >= next_ping:
+                    with contextlib.suppress(zmq.Again):  # never block the I/O thread
+                        dealer.send_multipart(wire.encode_request("ping", 0), zmq.NOBLOCK)
+                    next_ping = now + HEARTBEAT_S
+                    self._expire(now)
         finally:
             dealer.close(0)
             sub.close(0)
             self._outbox_in.close(0)
+
+    def _expire(self, now: float) -> None:
+        """Fail the requests whose deadline passed: no future waits forever, not even
+        one nobody calls result() on with a timeout (publish_async)."""
+        for rid, deadline in list(self._deadlines.items()):
+            if deadline <= now:
+                error = f"no reply from the broker at {self.address} within the deadline"
+                self._fail(rid, Timeout(error))
+
+    def _fail(self, rid: int, error: RelayError) -> None:
+        self._deadlines.pop(rid, None)
+        self._pending_subs.pop(rid, None)
+        future = self._futures.pop(rid, None)
+        if future is not None and not future.done():
+            future.set_exception(error)
 
     def _forward(self, outbox: zmq.Socket, dealer: zmq.Socket, sub: zmq.Socket) -> None:
         while True:
@@ -139,8 +158,13 @@ class Client:
             except zmq.Again:
                 return
             kind = frames[0].bytes
-            if kind == b"R":  # a request
-                dealer.send_multipart(frames[1:], copy=False)
+            if kind == b"R":  # a request: [R, rid, magic, body]
+                try:
+                    dealer.send_multipart(frames[2:], zmq.NOBLOCK, copy=False)
+                except zmq.Again:  # the queue to an unreachable broker is full
+                    rid = int.from_bytes(frames[1].bytes, "big")
+                    error = f"broker at {self.address} unreachable: its send queue is full"
+                    self._fail(rid, Unavailable(error))
             elif kind == b"C":  # connect the signal socket
                 sub.connect(frames[1].bytes.decode())
             elif kind == b"S":  # subscribe the signal socket to a prefix
@@ -164,6 +188,7 @@ class Client:
                         Delivery(incoming.sub, incoming.id, incoming.endpoint, incoming.data)
                     )
                 continue
+            self._deadlines.pop(incoming.rid, None)
             future = self._futures.pop(incoming.rid, None) if incoming.rid else Future()
             if future is None or future.cancelled():  # the caller gave up on it
                 continue
@@ -220,9 +245,15 @@ class Client:
             self._signal_queue.put(frames)
 
     def request(
-        self, op: str, *, before_send: _SubscriptionWorker | None = None, **fields: Any
+        self,
+        op: str,
+        *,
+        before_send: _SubscriptionWorker | None = None,
+        timeout: float | None = None,
+        **fields: Any,
     ) -> Future:
-        """Send one request; the future holds the result or the typed error."""
+        """Send one request; the future holds the result or the typed error (a Timeout
+        when no reply comes within ``timeout``, default the client's)."""
         rid = next(self._rids)
         future: Future = Future()
         frames = wire.encode_request(op, rid, **fields)
@@ -230,13 +261,14 @@ class Client:
             if self._closed:
                 raise Unavailable("client is closed")
             self._futures[rid] = future
+            self._deadlines[rid] = time.monotonic() + (self.timeout if timeout is None else timeout)
             if before_send is not None:
                 self._pending_subs[rid] = before_send
-            self._outbox.send_multipart([b"R", *frames])
+            self._outbox.send_multipart([b"R", rid.to_bytes(8, "big"), *frames])
         return future
 
     def _call(self, op: str, *, timeout: float | None = None, **fields: Any) -> Any:
-        return self._wait(self.request(op, **fields), op, timeout)
+        return self._wait(self.request(op, timeout=timeout, **fields), op, timeout)
 
     def _wait(self, future: Future, op: str, timeout: float | None = None) -> Any:
         """The future's result within the deadline, or a typed Timeout."""
@@ -486,7 +518,7 @@ class Client:
             worker.stop(discard_queued=True)
         if self._io.is_alive() and hasattr(self, "server"):
             with contextlib.suppress(RelayError):
-                self._call("bye", timeout=1.0)
+                self._call("bye", timeout=min(self.timeout, 5.0))
         self._subs.clear()
         with self._lock:
             self._closed = True

@@ -25,6 +25,7 @@ import signal
 import time
 from typing import Any
 
+import apsw
 import zmq
 from inotify_simple import INotify
 from inotify_simple import flags as iflags
@@ -78,7 +79,7 @@ class Writer:
         self.ctx = ctx or zmq.Context.instance()
         self.stopping = False
         self.mailboxes: dict[str, Mailbox] = {}
-        self.index = MessageIndex(home.index_db(shard))
+        self.index: MessageIndex | None = None  # opened (and rebuilt) by start()
         self.inotify = INotify()
         self._watches: dict[int, str] = {}  # inotify wd -> endpoint
         self._own_renames: set[tuple[str, str]] = set()  # (endpoint, name) we moved into new/
@@ -100,7 +101,7 @@ class Writer:
         self._adopt_mailboxes()
         for mailbox in self.mailboxes.values():
             mailbox.recover()
-        count = rebuild_from_maildir(self.index, self.home.mailboxes, list(self.mailboxes))
+        self.index, count = self._rebuilt_index()
         log.info(
             "shard %d/%d: %d mailboxes, index rebuilt from Maildir with %d messages",
             self.shard,
@@ -109,6 +110,36 @@ class Writer:
             count,
         )
         self._rescan()
+
+    def _rebuilt_index(self) -> tuple[MessageIndex, int]:
+        """Open the shard's index and rebuild it from the Maildir (the truth).
+
+        An index that cannot be opened or rebuilt (deleted, truncated, not a database,
+        corrupt pages) is moved aside, with a log line saying so, and made anew.
+        """
+        path = self.home.index_db(self.shard)
+        for attempt in (1, 2):
+            index = None
+            try:
+                index = MessageIndex(path)
+                return index, rebuild_from_maildir(index, self.home.mailboxes, list(self.mailboxes))
+            except (StorageError, apsw.Error) as exc:
+                if index is not None:
+                    with contextlib.suppress(Exception):
+                        index.close()
+                if attempt == 2:
+                    raise
+                aside = f"{path}.corrupt-{now_ms()}"
+                log.error(
+                    "index %s is unusable (%s): moved aside to %s, rebuilding it from the Maildir",
+                    path,
+                    exc,
+                    aside,
+                )
+                for suffix in ("", "-wal", "-shm"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.rename(f"{path}{suffix}", f"{aside}{suffix}")
+        raise AssertionError("unreachable")
 
     def _adopt_mailboxes(self) -> None:
         if self.shard == 0:
@@ -161,7 +192,8 @@ class Writer:
         return batch
 
     def close(self) -> None:
-        self.index.close()
+        if self.index is not None:
+            self.index.close()
         self.inotify.close()
         self.pull.disable_monitor()
         self.connected.close(0)

@@ -1,0 +1,227 @@
+"""Faults through real processes: killed writers and routers, damaged indexes, garbage frames.
+
+The claim under test everywhere: a publish acknowledged as delivered is durable (its file
+in new/, its index row) whatever is killed afterwards, and nothing half-written shows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from concurrent.futures import Future
+
+import pytest
+import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sdk import wire
+from sdk.errors import RelayError
+from sdk.subjects import endpoint_hash
+from tests.harness import Broker
+
+pytestmark = pytest.mark.integration
+
+SENDER = "relay.agent.fault.sender"
+ENDPOINTS = [f"relay.agent.fault.e{i}" for i in range(6)]
+UNLIMITED = {"rateLimit": {"enabled": False}, "backpressure": {"maxMailboxSize": 10**6}}
+
+
+def burst(client, count: int, on_result, in_flight: int = 200) -> list[Future]:
+    """Publish count messages over the endpoints, at most in_flight unanswered at once."""
+    slots = threading.Semaphore(in_flight)
+    futures = []
+
+    def done(future: Future) -> None:
+        slots.release()
+        on_result(future)
+
+    for n in range(count):
+        if not slots.acquire(timeout=30):
+            break  # the broker stopped answering: what was sent is checked below
+        future = client.publish_async(ENDPOINTS[n % len(ENDPOINTS)], n, sender=SENDER)
+        future.add_done_callback(done)
+        futures.append(future)
+    return futures
+
+
+def assert_durable(broker: Broker, client, futures: list[Future]) -> int:
+    """Every publish acknowledged as delivered is in new/ and in the index."""
+    acknowledged = 0
+    for n, future in enumerate(futures):
+        try:
+            result = future.result(30)
+        except RelayError:
+            continue  # an error, not silence: allowed
+        if result.delivered_to != 1:
+            continue
+        acknowledged += 1
+        h = endpoint_hash(ENDPOINTS[n % len(ENDPOINTS)])
+        path = broker.home.mailbox(h) / "new" / result.message_id
+        assert path.exists(), f"acknowledged {result.message_id} is not in new/"
+        [copy] = client.trace(result.message_id)["copies"]
+        assert copy["state"] == "new"
+    for subject in ENDPOINTS:  # nothing partial is visible
+        new = broker.home.mailbox(endpoint_hash(subject)) / "new"
+        for name in os.listdir(new):
+            json.loads((new / name).read_bytes())
+    return acknowledged
+
+
+def test_killing_a_writer_mid_burst_loses_no_acknowledged_publish(broker):
+    client = broker.client(timeout=30)
+    for subject in ENDPOINTS:
+        client.register_endpoint(subject)
+    client.set_config(UNLIMITED)
+    answered = []
+    killed = threading.Event()
+
+    def on_result(_future):
+        answered.append(1)
+        if len(answered) == 150 and not killed.is_set():
+            killed.set()
+            os.kill(broker.procs["writer0"].pid, signal.SIGKILL)
+
+    futures = burst(client, 3000, on_result)
+    for future in futures:
+        future.exception(30)  # every publish gets an answer: no silence
+    assert killed.is_set()
+    broker.procs["writer0"].wait(10)
+    broker.start_writer(0)
+    broker.wait_ready()
+    acknowledged = assert_durable(broker, client, futures)
+    assert 150 <= acknowledged < 3000
+
+
+def test_killing_the_router_mid_burst_loses_no_acknowledged_publish(broker):
+    client = broker.client(timeout=5)
+    for subject in ENDPOINTS:
+        client.register_endpoint(subject)
+    client.set_config(UNLIMITED)
+    answered = []
+
+    def on_result(_future):
+        answered.append(1)
+        if len(answered) == 150:
+            os.kill(broker.procs["router"].pid, signal.SIGKILL)
+
+    futures = burst(client, 3000, on_result)
+    for future in futures:
+        future.exception(30)  # answered, or a Timeout: an error, not a hang
+    broker.procs["router"].wait(10)
+    broker.start_router()
+    broker.wait_ready()
+    checker = broker.client()
+    acknowledged = assert_durable(broker, checker, futures)
+    assert acknowledged >= 150
+
+
+@pytest.mark.parametrize("damage", ["deleted", "garbage", "truncated"])
+def test_a_damaged_index_is_rebuilt_from_the_maildir_at_start(damage):
+    broker = Broker(shards=1).start()
+    try:
+        client = broker.client()
+        client.register_endpoint(ENDPOINTS[0])
+        ids = [client.publish(ENDPOINTS[0], i, sender=SENDER).message_id for i in range(5)]
+        broker.stop()
+        index = broker.home.index_db(0)
+        if damage == "deleted":
+            index.unlink()
+        elif damage == "garbage":
+            index.write_bytes(b"this is not a database" * 100)
+        else:
+            index.write_bytes(index.read_bytes()[:1000])
+        broker.start()
+        client = broker.client()
+        assert [client.trace(i)["copies"][0]["state"] for i in ids] == ["new"] * 5
+        if damage != "deleted":
+            assert "is unusable" in broker.log("writer0")
+    finally:
+        broker.cleanup()
+
+
+frame = st.one_of(
+    st.binary(max_size=64),
+    st.just(wire.MAGIC),
+    st.builds(
+        wire.packb,
+        st.recursive(
+            st.none()
+            | st.booleans()
+            | st.integers(-(2**63), 2**64 - 1)
+            | st.text(max_size=20)
+            | st.binary(max_size=20),
+            lambda c: st.lists(c, max_size=5) | st.dictionaries(st.text(max_size=8), c, max_size=5),
+            max_leaves=20,
+        ),
+    ),
+    st.builds(
+        lambda op, body: wire.packb({"op": op, "rid": 1, **body}),
+        st.sampled_from(sorted(wire.OPERATIONS)),
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "subject",
+                    "from",
+                    "payload",
+                    "pattern",
+                    "id",
+                    "endpoint",
+                    "sub",
+                    "rule",
+                    "config",
+                    "signal",
+                    "budget",
+                    "limit",
+                    "items",
+                    "credit",
+                    "mode",
+                ]
+            ),
+            st.one_of(
+                st.none(),
+                st.integers(-(2**63), 2**63),
+                st.text(max_size=30),
+                st.just("../../etc/passwd"),
+                st.just("a\x00b"),
+                st.lists(st.text(max_size=5), max_size=3),
+            ),
+            max_size=6,
+        ),
+    ),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(requests=st.lists(st.lists(frame, min_size=1, max_size=3), min_size=1, max_size=10))
+def test_garbage_frames_get_one_reply_each_and_the_broker_keeps_serving(fuzz_broker, requests):
+    broker, sock = fuzz_broker
+    for frames in requests:
+        sock.send_multipart(frames)
+        reply = sock.recv_multipart()  # RCVTIMEO: a missing reply fails the test
+        assert reply[0] == wire.MAGIC
+    client = broker.client()
+    client.register_endpoint(ENDPOINTS[0])
+    assert client.publish(ENDPOINTS[0], "still serving", sender=SENDER).delivered_to == 1
+    client.close()
+    ours = ("run", "mailboxes", "control.db", "rejections.db", "index-")
+    outside = [p for p in os.listdir(broker.home.root) if not p.startswith(ours)]
+    assert outside == [], f"unexpected files in the home: {outside}"
+
+
+@pytest.fixture(scope="module")
+def fuzz_broker():
+    broker = Broker(shards=1).start()
+    broker.client().set_config({"rateLimit": {"enabled": False}})
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 10_000)
+    sock.connect(broker.home.router_address)
+    try:
+        yield broker, sock
+    finally:
+        sock.close()
+        broker.cleanup()
+        assert all(p.returncode == 0 for p in broker.procs.values()), "a process crashed"
