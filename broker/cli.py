@@ -240,7 +240,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
 
 def cmd_pending(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        if args.complete or args.fail:
+        if args.complete or args.fail or args.requeue:
             info = client._call("endpoints")["endpoints"]
             endpoint = next((e["hash"] for e in info if e["subject"] == args.subject), None)
             if endpoint is None:
@@ -250,8 +250,16 @@ def cmd_pending(args: argparse.Namespace) -> int:
                 client.complete(message_id, endpoint)
             for message_id in args.fail or []:
                 client.fail(message_id, endpoint, args.reason)
+            for message_id in args.requeue or []:
+                client.requeue(message_id, endpoint)
             _out(
-                args, {"completed": args.complete or [], "failed": args.fail or []}, lambda d: "ok"
+                args,
+                {
+                    "completed": args.complete or [],
+                    "failed": args.fail or [],
+                    "requeued": args.requeue or [],
+                },
+                lambda d: "ok",
             )
             return 0
         items = client.pending(args.subject)
@@ -443,6 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("subject")
     p.add_argument("--complete", nargs="+", metavar="ID")
     p.add_argument("--fail", nargs="+", metavar="ID")
+    p.add_argument("--requeue", nargs="+", metavar="ID", help="return to new/")
     p.add_argument("--reason", default="failed by operator")
     command("status", cmd_status, "processes, endpoints and their depth")
     p = command("trace", cmd_trace, "where a message went, and when")

@@ -694,7 +694,7 @@ class Router:
         self, session: Session, req: wire.Request, name: str, *, operator: bool, **args: Any
     ) -> Any:
         """Mark a claimed message done or failed: a consumer's ack/nack, or an operator's
-        complete/fail of a pending one. Either way the holder's credit comes back."""
+        complete/fail/requeue of a pending one. Either way the holder's credit comes back."""
         message_id = check_id(req.get("id"))
         endpoint = self._mailbox_arg(req)
         if operator:
@@ -724,6 +724,8 @@ class Router:
                 self.reliability.consumer_outcome(endpoint, success=name == "done", now=now_ms())
             if name == "done" and sender:
                 self._delivery_receipt(message_id, endpoint, sender)
+            if name == "requeue" and endpoint in self.queues:  # first in line again
+                self.queues[endpoint].waiting.appendleft(message_id)
             self._dispatch(endpoint)  # the credit given back may take the next message
             return job.results[0]
 
@@ -862,6 +864,10 @@ class Router:
         return self._finish_message(
             session, req, "fail", operator=True, reason=str(reason)[:1000], code="operator"
         )
+
+    def _op_requeue(self, session: Session, req: wire.Request) -> Any:
+        """Return a pending message to new/, to be handed out again (never automatic)."""
+        return self._finish_message(session, req, "requeue", operator=True)
 
     def _op_add_rule(self, session: Session, req: wire.Request) -> Any:
         rule = self.control.add_rule(AccessRule.from_wire(req.get("rule")))
@@ -1175,15 +1181,23 @@ class Router:
                 sub.inflight -= 1
             self._dispatch(endpoint)
             return
-        if sub is None:
-            # The subscriber left while the claim was in flight: put the message back.
-            self._to_writer(
-                shard_of(endpoint, self.shards),
-                proto.op(0, "requeue", id=message_id, endpoint=endpoint),
-            )
+        if sub is None:  # the subscriber left while the claim was in flight
+            self._put_back(message_id, endpoint)
+            return
+        push = wire.encode_push(sub.id, message_id, endpoint, data or b"")
+        if not self._send(sub.client, push):
+            # Its client is gone (the push found no peer): the message was never handed
+            # out, so it goes back to new/ rather than stay claimed by nobody.
+            self._put_back(message_id, endpoint)
             return
         self.consumers.handed_out(sub, message_id, endpoint, _sender_of(data or b""))
-        self._send(sub.client, wire.encode_push(sub.id, message_id, endpoint, data or b""))
+
+    def _put_back(self, message_id: str, endpoint: str) -> None:
+        """Return a claimed message nobody received to new/ (the writer's reply requeues it)."""
+        self._to_writer(
+            shard_of(endpoint, self.shards),
+            proto.op(0, "requeue", id=message_id, endpoint=endpoint),
+        )
 
     def _on_reply(self, token: int, ok: bool, result: Any) -> None:
         if token == 0:  # an operation of the router's own: watch, requeue

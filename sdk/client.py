@@ -425,6 +425,10 @@ class Client:
     def fail(self, message_id: str, endpoint: str, reason: str = "failed by operator") -> None:
         self._call("fail", id=message_id, endpoint=endpoint, reason=reason)
 
+    def requeue(self, message_id: str, endpoint: str) -> None:
+        """Return a pending message to new/ so that a consumer gets it again."""
+        self._call("requeue", id=message_id, endpoint=endpoint)
+
     # ------------------------------------------------------------------ signals
 
     def signal(self, subject: str, signal: Signal, *, sender: str | None = None) -> None:

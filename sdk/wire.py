@@ -51,6 +51,7 @@ OPERATIONS = frozenset(
         "pending",
         "complete",
         "fail",
+        "requeue",
         "add_rule",
         "remove_rule",
         "list_rules",

@@ -202,6 +202,11 @@ def test_consumer_that_dies_leaves_its_messages_pending(broker):
     assert [p["id"] for p in client.pending(A)] == [ids[2]]
     assert client.trace(ids[0])["copies"][0]["state"] == "done"
     assert client.dead_letters(info.hash)[0]["reason"] == "operator gave up"
+    client.requeue(ids[2], info.hash)  # back to new/: the next consumer gets it
+    inbox = Inbox()
+    client.subscribe(A, inbox)
+    wait_for(lambda: [e.id for e in inbox.items] == [ids[2]], what="the requeued message")
+    wait_for(lambda: client.pending(A) == [], what="nothing left pending")
 
 
 def test_operator_completing_a_held_message_gives_the_consumer_its_credit_back(broker):
