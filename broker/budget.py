@@ -22,7 +22,8 @@ Time is an argument (``now_ms``), so expiry is tested at the exact millisecond:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 from sdk.types import Budget
 
@@ -65,4 +66,15 @@ def advance(budget: Budget, endpoint_subject: str) -> Budget:
         ancestor_chain=(*budget.ancestor_chain, endpoint_subject),
         ttl=budget.ttl,
         call_budget_remaining=budget.call_budget_remaining - 1,
+    )
+
+
+def clamp(budget: Budget, now_ms: int, limits: Mapping[str, int]) -> Budget:
+    """A client-supplied budget, cut down to the configured maxima (config ``budget``):
+    maxHops, TTL (at most ``maxTtlMs`` from now) and the call budget. Never raised."""
+    return replace(
+        budget,
+        max_hops=min(budget.max_hops, limits["maxHops"]),
+        ttl=min(budget.ttl, now_ms + limits["maxTtlMs"]),
+        call_budget_remaining=min(budget.call_budget_remaining, limits["maxCallBudget"]),
     )

@@ -97,6 +97,13 @@ DEFAULT_CONFIG: dict[str, dict[str, Any]] = {
         "maxMailboxSize": 1000,
         "pressureWarningAt": 0.8,
     },
+    # The most a client-supplied budget may allow; more is clamped down (budgets only
+    # ever shrink, and a client must not grant itself an endless loop).
+    "budget": {
+        "maxHops": 16,
+        "maxTtlMs": 86_400_000,
+        "maxCallBudget": 100,
+    },
 }
 
 # --- config validation -------------------------------------------------------------------
@@ -161,6 +168,11 @@ CONFIG_SCHEMA: dict[str, dict[str, _Check]] = {
         "enabled": _flag,
         "maxMailboxSize": _int(0),
         "pressureWarningAt": _ratio,
+    },
+    "budget": {
+        "maxHops": _int(1),
+        "maxTtlMs": _int(1000),
+        "maxCallBudget": _int(1),
     },
 }
 

@@ -28,6 +28,7 @@ from typing import Any
 import zmq
 
 from broker import consumers as cons
+from broker.budget import clamp
 from broker.consumers import Consumers, EndpointQueue, Session
 from broker.control import ControlPlane
 from broker.publish import Copy, PublishPlan, PublishRequest, Refusal, encode_payload, plan_publish
@@ -345,7 +346,11 @@ class Router:
             raise InvalidMessage("request field 'payload' is missing")
         payload_json = encode_payload(req.get("payload"), limits["maxPayloadBytes"])
         raw_budget = req.get("budget")
-        budget = default_budget(now) if raw_budget is None else Budget.from_wire(raw_budget)
+        budget = (
+            default_budget(now)
+            if raw_budget is None
+            else clamp(Budget.from_wire(raw_budget), now, self.config["budget"])
+        )
         message_id = new_id(now)
         verdict = self.reliability.rate(sender, now)
         if verdict is not None:  # before fan-out; nothing is written

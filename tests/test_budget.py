@@ -157,3 +157,25 @@ def test_a_refused_budget_stays_refused_after_advancing(
     # Shrinking only: anything check_budget refuses now, it refuses for any later copy.
     if check_budget(before, target, now) is not None:
         assert check_budget(advance(before, "relay.other"), target, now) is not None
+
+
+LIMITS = {"maxHops": 16, "maxTtlMs": 86_400_000, "maxCallBudget": 100}
+
+
+def test_clamp_cuts_a_client_budget_down_to_the_maxima() -> None:
+    from broker.budget import clamp
+
+    greedy = Budget(0, 1000, (), NOW + 10 * 86_400_000, 10**6)
+    clamped = clamp(greedy, NOW, LIMITS)
+    assert (clamped.max_hops, clamped.ttl, clamped.call_budget_remaining) == (
+        16,
+        NOW + 86_400_000,
+        100,
+    )
+
+
+def test_clamp_never_raises_a_budget() -> None:
+    from broker.budget import clamp
+
+    modest = Budget(1, 3, ("relay.a",), NOW + 5, 2)
+    assert clamp(modest, NOW, LIMITS) == modest
