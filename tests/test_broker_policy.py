@@ -130,3 +130,18 @@ def test_signals_reach_matching_handlers_and_never_touch_disk(broker):
     assert client.trace(client.publish(A, 1, sender=SENDER).message_id)["copies"]
     status = client.status()
     assert [e["depth"] for e in status["endpoints"]] == [1]  # only the message counts
+
+
+def test_a_greedy_client_budget_is_clamped_to_the_configured_maxima(broker):
+    client = broker.client()
+    client.register_endpoint(A)
+    got = []
+    client.subscribe(A, got.append)
+    greedy = default_budget(
+        now_ms(), max_hops=1000, call_budget_remaining=10**6, ttl=now_ms() + 10**10
+    )
+    client.publish(A, "x", sender=SENDER, budget=greedy)
+    [envelope] = wait_for(lambda: got, what="the message")
+    assert envelope.budget.max_hops == 16
+    assert envelope.budget.call_budget_remaining == 100 - 1  # clamped, then one call used
+    assert envelope.budget.ttl <= now_ms() + 86_400_000
