@@ -456,7 +456,12 @@ def rows(rounds: int = 1) -> list[Row]:
 
     figures = []
     for n in METRICS_SIZES:
-        f = _median([metrics_figure(spark, n) for _ in range(rounds)])
+        try:
+            f = _median([metrics_figure(spark, n) for _ in range(rounds)])
+        except Exception as exc:  # e.g. the driver heap too small for this size
+            name = type(exc).__name__
+            out.append(Row(f"ops metrics {_size(n)} FAILED ({name})", float("nan"), "s", met=False))
+            break
         figures.append(f)
         print(
             f"  metrics {n:,}: {f['seconds']:.1f} s (floor {f['floor']:.1f} s, generate "
@@ -497,7 +502,8 @@ def rows(rounds: int = 1) -> list[Row]:
                 met=est <= GOAL_S,
             )
         )
-    out.append(_linearity("ops metrics", figures))
+    if len(figures) > 1:
+        out.append(_linearity("ops metrics", figures))
     return out
 
 

@@ -130,6 +130,7 @@ def collect(
     live, live_rows = _live_frame(spark, home)
     archived = archive.read(MESSAGES)
     overlap = 0
+    dup = None
     if archived is not None:
         archived = archived.select(*COLUMNS)
         keys = ["id", "endpoint"]
@@ -338,6 +339,8 @@ def collect(
     depth.sort(key=lambda d: (-d["waiting"], d["subject"]))
     progress.done()
     messages.unpersist()
+    if dup is not None:
+        dup.unpersist()
 
     return {
         "generatedAt": now,
