@@ -28,6 +28,25 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def signals_flowing(client: Client, subject: str, timeout: float = 10.0) -> None:
+    """Return once signals on subject reach client: a ZeroMQ subscription takes effect a
+    moment after on_signal, so send probe signals until one comes back."""
+    from sdk.types import Signal, SignalType
+
+    seen: list[Signal] = []
+    stop = client.on_signal(subject, lambda _subject, signal: seen.append(signal))
+    probe = Signal(SignalType.PRESENCE, "probe", subject, 0)
+    try:
+        wait_for(
+            lambda: client.signal(subject, probe) or seen,
+            timeout,
+            interval=0.05,
+            what=f"signals on {subject} to flow",
+        )
+    finally:
+        stop()
+
+
 def wait_for(
     predicate: Callable[[], T],
     timeout: float = 10.0,

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from sdk.types import Envelope
-from tests.harness import wait_for
+from tests.harness import signals_flowing, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -134,20 +134,12 @@ def test_ack_sends_a_delivery_receipt_to_the_sender(broker):
     receipts = []
     client.on_signal(SENDER, lambda subject, sig: receipts.append(sig))
     client.subscribe(A, Inbox())
-    wait_for(lambda: _signal_path_ready(client, SENDER, receipts), what="signal subscription")
+    signals_flowing(client, SENDER)
     receipts.clear()
     message_id = client.publish(A, "x", sender=SENDER).message_id
     wait_for(lambda: any(s.type == "delivery_receipt" for s in receipts), what="receipt")
     receipt = next(s for s in receipts if s.type == "delivery_receipt")
     assert receipt.data["messageId"] == message_id and receipt.endpoint_subject == A
-
-
-def _signal_path_ready(client, subject, received) -> bool:
-    """PUB/SUB joins asynchronously: probe until a signal gets through."""
-    from sdk.types import Signal, SignalType
-
-    client.signal(subject, Signal(SignalType.PRESENCE, "probe", subject, 0))
-    return bool(received)
 
 
 def test_file_dropped_into_new_by_another_program_is_delivered(broker):

@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from sdk.client import Client
 from sdk.errors import RelayError
 from sdk.subjects import endpoint_hash
 from sdk.types import Envelope, Signal, SignalType
-from tests.harness import Broker, wait_for
+from tests.harness import Broker, signals_flowing, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 C_DIR = ROOT / "clients" / "c"
@@ -54,22 +53,6 @@ def cli(broker: Broker, *args: str) -> subprocess.CompletedProcess:
 def check(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
     return proc
-
-
-def signals_flowing(client: Client, subject: str) -> None:
-    """Return once signals on subject reach client: a ZeroMQ subscription takes effect a
-    moment after on_signal, so send probe signals until one comes back."""
-    seen: list[Signal] = []
-    stop = client.on_signal(subject, lambda _, signal: seen.append(signal))
-    try:
-        probe = Signal(SignalType.PRESENCE, "probe", subject, int(time.time() * 1000))
-        deadline = time.monotonic() + 10
-        while not seen:
-            assert time.monotonic() < deadline, f"no signal on {subject} came back"
-            client.signal(subject, probe)
-            time.sleep(0.05)
-    finally:
-        stop()
 
 
 def test_c_unit_tests():

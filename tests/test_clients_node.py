@@ -21,10 +21,9 @@ from typing import Any
 
 import pytest
 
-from sdk.client import Client
 from sdk.subjects import endpoint_hash
 from sdk.types import Envelope, Signal, SignalType
-from tests.harness import Broker, wait_for
+from tests.harness import Broker, signals_flowing, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_DIR = ROOT / "clients" / "node"
@@ -101,22 +100,6 @@ class Peer:
             self.proc.wait()
         stderr = self.proc.stderr.read() if self.proc.stderr else ""
         return f"exit {self.proc.returncode}; stderr: {stderr}"
-
-
-def signals_flowing(client: Client, subject: str) -> None:
-    """Return once signals on subject reach client: a ZeroMQ subscription takes effect a
-    moment after on_signal, so send probe signals until one comes back."""
-    seen: list[Signal] = []
-    stop = client.on_signal(subject, lambda _, signal: seen.append(signal))
-    try:
-        probe = Signal(SignalType.PRESENCE, "probe", subject, int(time.time() * 1000))
-        deadline = time.monotonic() + 10
-        while not seen:
-            assert time.monotonic() < deadline, f"no signal on {subject} came back"
-            client.signal(subject, probe)
-            time.sleep(0.05)
-    finally:
-        stop()
 
 
 def test_node_unit_tests():

@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from sdk.ids import is_id
-from sdk.types import AccessRule, RuleAction, Signal, SignalType
-from tests.harness import wait_for
+from sdk.types import AccessRule, RuleAction, SignalType
+from tests.harness import signals_flowing, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -87,8 +87,7 @@ def test_the_sender_hears_a_backpressure_warning(broker):
     client.set_config({"backpressure": {"maxMailboxSize": 5, "pressureWarningAt": 0.6}})
     heard = []
     client.on_signal(SENDER, lambda subject, sig: heard.append(sig))
-    probe = Signal(SignalType.PRESENCE, "probe", SENDER, 0)
-    wait_for(lambda: client.signal(SENDER, probe) or heard, what="the signal path to join")
+    signals_flowing(client, SENDER)
     for i in range(4):  # depth 3 of 5 reaches the warning ratio
         assert client.publish(A, i, sender=SENDER).delivered_to == 1
     warnings = wait_for(
