@@ -180,7 +180,7 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
                 lambda d: "unregistered (mail kept)" if removed else "not registered",
             )
         else:
-            rows = client._call("endpoints")["endpoints"]
+            rows = client.status()["endpoints"]
             _out(
                 args,
                 rows,
@@ -241,7 +241,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
 def cmd_pending(args: argparse.Namespace) -> int:
     with _client(args) as client:
         if args.complete or args.fail or args.requeue:
-            info = client._call("endpoints")["endpoints"]
+            info = client.status()["endpoints"]
             endpoint = next((e["hash"] for e in info if e["subject"] == args.subject), None)
             if endpoint is None:
                 print(f"endpoint {args.subject} is not registered", file=sys.stderr)

@@ -65,14 +65,10 @@ class BrokerRemoval:
 
     def remove(self, keys: Sequence[tuple[str, str]], hints: dict, totals: RemovalTotals) -> None:
         for start in range(0, len(keys), REQUEST_ITEMS):
-            items = [list(key) for key in keys[start : start + REQUEST_ITEMS]]
-            totals.add(self.client._call("compact_remove", items=items))
+            totals.add(self.client.compact_remove(list(keys[start : start + REQUEST_ITEMS])))
 
     def finish(self, vacuum_pages: int, totals: RemovalTotals) -> None:
-        result = self.client._call(
-            "compact_remove", items=[], checkpoint=True, vacuumPages=vacuum_pages
-        )
-        totals.add(result)
+        totals.add(self.client.compact_remove([], checkpoint=True, vacuum_pages=vacuum_pages))
 
     def close(self) -> None:
         self.client.close()
@@ -144,7 +140,7 @@ def choose_removal(home: Home, mode: str = "auto", timeout: float = 60.0):
     if mode in ("auto", "broker") and "router" in alive:
         remover = BrokerRemoval(home, timeout)
         try:
-            status = remover.client._call("status", timeout=5.0)
+            status = remover.client.status(timeout=5.0)
         except RelayError as exc:
             remover.close()
             raise OpsError(

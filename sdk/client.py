@@ -505,8 +505,26 @@ class Client:
     def set_config(self, partial: Mapping[str, Any]) -> dict[str, Any]:
         return self._call("set_config", config=dict(partial))
 
-    def status(self) -> dict[str, Any]:
-        return self._call("status")
+    def status(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """Processes, sessions, and every endpoint with its depth, pressure and breaker."""
+        return self._call("status", timeout=timeout)
+
+    def compact_remove(
+        self,
+        items: list[tuple[str, str]],
+        *,
+        checkpoint: bool = False,
+        vacuum_pages: int = 0,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Ops compaction: have the owning writers delete archived (done, failed) copies."""
+        return self._call(
+            "compact_remove",
+            items=[list(i) for i in items],
+            checkpoint=checkpoint,
+            vacuumPages=vacuum_pages,
+            timeout=timeout,
+        )
 
     def trace(self, message_id: str) -> dict[str, Any]:
         return self._call("trace", id=message_id)
