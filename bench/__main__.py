@@ -1,6 +1,6 @@
 """`python -m bench` (`make bench`): every bench module, one table, one JSON file.
 
-    python -m bench [--only subjects|storage|broker|ops] [--rounds N]
+    python -m bench [--only subjects|storage|broker|ops|nats] [--rounds N]
 
 Prints one table (metric, Relay, unit, ceiling, ratio, goal, met) and writes the same
 rows with machine info to bench/results/<UTC timestamp>.json (git-ignored). Exits 1 when
@@ -25,6 +25,7 @@ MODULES = {
     "storage": "bench.bench_storage",
     "broker": "bench.bench_broker",
     "ops": "bench.bench_ops",
+    "nats": "bench.bench_nats",
 }
 RESULTS = Path(__file__).parent / "results"
 HEADER = ("metric", "Relay", "unit", "ceiling name", "ceiling", "ratio", "goal", "met")
