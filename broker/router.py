@@ -345,12 +345,7 @@ class Router:
         if "payload" not in req.body:
             raise InvalidMessage("request field 'payload' is missing")
         payload_json = encode_payload(req.get("payload"), limits["maxPayloadBytes"])
-        raw_budget = req.get("budget")
-        budget = (
-            default_budget(now)
-            if raw_budget is None
-            else clamp(Budget.from_wire(raw_budget), now, self.config["budget"])
-        )
+        budget = self._publish_budget(req, sender, now)
         message_id = new_id(now)
         verdict = self.reliability.rate(sender, now)
         if verdict is not None:  # before fan-out; nothing is written
@@ -416,6 +411,31 @@ class Router:
             job.shards.add(shard)
             self._outgoing.setdefault(shard, []).append((header, copy.data))
         return _DEFERRED
+
+    def _publish_budget(self, req: wire.Request, sender: str, now: int) -> Budget:
+        """The budget a publish travels with. Budgets never grow: a reply naming its
+        parent (``parentId``) sent by the endpoint the parent was delivered to carries
+        the parent's stored budget, whatever the client sent; any other client budget is
+        clamped to the configured maxima; none at all gets the defaults."""
+        parent_id = req.get("parentId")
+        if parent_id is not None:
+            inherited = self._stored_budget(check_id(parent_id, "parentId"), sender)
+            if inherited is not None:
+                return inherited
+        raw = req.get("budget")
+        if raw is None:
+            return default_budget(now)
+        return clamp(Budget.from_wire(raw), now, self.config["budget"])
+
+    def _stored_budget(self, message_id: str, endpoint_subject: str) -> Budget | None:
+        info = self.endpoints.get(endpoint_subject)
+        if info is None:
+            return None
+        try:
+            _, data = Mailbox(self.home.mailbox(info.hash), info.hash).read(message_id)
+            return Budget.from_wire(json.loads(data)["budget"])
+        except (RelayError, OSError, ValueError, KeyError, TypeError):
+            return None  # moved meanwhile, compacted, or not a Relay envelope
 
     def _flush_deliveries(self) -> None:
         """Send the copies decided in this pass: one message per shard (protocol.deliver)."""

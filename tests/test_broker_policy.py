@@ -145,3 +145,20 @@ def test_a_greedy_client_budget_is_clamped_to_the_configured_maxima(broker):
     assert envelope.budget.max_hops == 16
     assert envelope.budget.call_budget_remaining == 100 - 1  # clamped, then one call used
     assert envelope.budget.ttl <= now_ms() + 86_400_000
+
+
+def test_a_reply_naming_its_parent_carries_the_parents_stored_budget_not_a_fresh_one(broker):
+    client = broker.client()
+    client.register_endpoint(A)
+    client.register_endpoint(B)
+    at_b, at_a = [], []
+    client.subscribe(B, at_b.append)
+    client.subscribe(A, at_a.append)
+    client.publish(B, "question", sender=A, reply_to=A)
+    [question] = wait_for(lambda: at_b, what="the question at B")
+    # B answers with a forged, fresh budget; the router uses the parent's stored one.
+    fresh = default_budget(now_ms())
+    client.publish_async(A, "answer", sender=B, budget=fresh, parent_id=question.id).result(10)
+    [answer] = wait_for(lambda: at_a, what="the answer at A")
+    assert answer.budget.hop_count == question.budget.hop_count + 1 == 2
+    assert answer.budget.ancestor_chain == (B, A)
