@@ -18,7 +18,6 @@ import itertools
 import json
 import logging
 import os
-import signal
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -66,6 +65,7 @@ from sdk.types import (
 from workers import protocol as proto
 from workers.index import MessageIndex
 from workers.maildir import Mailbox
+from workers.process import run_until_stopped
 from workers.records import MessageRecord, State
 from workers.writer import is_mailbox_name, shard_of
 
@@ -1105,16 +1105,13 @@ class Router:
             sub = self.consumers.subs.get(sub_id)
             if sub is not None:
                 sub.inflight = max(0, sub.inflight - 1)
-        for endpoint, queue in self.queues.items():
+        for endpoint, queue in list(self.queues.items()):
             if shard_of(endpoint, self.shards) == shard:
-                queue.waiting = deque(self._waiting_in(endpoint))
                 queue.claiming = 0
-        if shard in self.writers:
-            for endpoint in list(self.queues):
-                if shard_of(endpoint, self.shards) == shard:
-                    self._dispatch(endpoint)
+                self._requeue_from_disk(endpoint)
 
     def _requeue_from_disk(self, endpoint: str) -> None:
+        """What waits in new/ (the truth), minus claims in flight, becomes the queue."""
         claiming = {
             i for (i, e) in self._claims.get(shard_of(endpoint, self.shards), {}) if e == endpoint
         }
@@ -1169,6 +1166,8 @@ class Router:
         if info is None or queue is None:
             return
         shard = shard_of(endpoint, self.shards)
+        if shard not in self.writers:
+            return  # its writer's hello dispatches again (_resync_shard)
         while queue.waiting:
             sub = self.consumers.pick_consumer(info.subject)
             if sub is None:
@@ -1296,19 +1295,4 @@ def main(
     home: Home, shards: int, *, address: str | None = None, signals_address: str | None = None
 ) -> int:
     router = Router(home, shards, address=address, signals_address=signals_address)
-
-    def stop(signum: int, _frame: object) -> None:
-        router.stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    pid_file = home.pid_file("router")
-    try:
-        router.start()
-        pid_file.write_text(str(os.getpid()))
-        router.serve()
-    finally:
-        router.close()
-        with contextlib.suppress(FileNotFoundError):
-            pid_file.unlink()
-    return 0
+    return run_until_stopped(router, home.pid_file("router"))

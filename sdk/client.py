@@ -343,11 +343,7 @@ class Client:
         future = self.publish_async(
             subject, payload, sender=sender, reply_to=reply_to, budget=budget
         )
-        limit = self.timeout if timeout is None else timeout
-        try:
-            return future.result(limit)
-        except FutureTimeout:
-            raise Timeout(f"no reply to 'publish' from the broker within {limit:g} s") from None
+        return self._wait(future, "publish", timeout)
 
     def reply(
         self, envelope: Envelope, payload: Any, *, sender: str, reply_to: str | None = None

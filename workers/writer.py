@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import time
 from typing import Any
 
@@ -44,6 +43,7 @@ from workers import protocol as proto
 from workers.compaction import remove_finished
 from workers.index import MessageIndex, rebuild_from_maildir
 from workers.maildir import Mailbox, deliver_batch, fsync_dirs, parse_name
+from workers.process import run_until_stopped
 from workers.records import MessageRecord, State
 
 log = logging.getLogger("relay.writer")
@@ -450,6 +450,10 @@ class IndexChanges:
     """The index rows one group commit changes, written in one transaction."""
 
     def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
+        """Empty, ready for the next commit (a commit may happen mid-batch, see rebuild)."""
         self.inserts: list[MessageRecord] = []
         self.claims: list[tuple[str, str, int]] = []
         self.dones: list[tuple[str, str, int]] = []
@@ -472,7 +476,7 @@ class IndexChanges:
                 requeues=self.requeues,
                 deletes=self.deletes,
             )
-        self.__init__()
+        self._clear()
 
 
 def _claimed_at(name: str) -> int:
@@ -498,20 +502,4 @@ def _failed_outbox(frames: list[bytes], exc: Exception) -> list[bytes]:
 
 
 def main(home: Home, shard: int, shards: int) -> int:
-    writer = Writer(home, shard, shards)
-
-    def stop(signum: int, _frame: object) -> None:
-        writer.stopping = True  # handlers only set flags
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    pid_file = home.pid_file(f"writer-{shard}")
-    pid_file.write_text(str(os.getpid()))
-    try:
-        writer.start()
-        writer.serve()
-    finally:
-        writer.close()
-        with contextlib.suppress(FileNotFoundError):
-            pid_file.unlink()
-    return 0
+    return run_until_stopped(Writer(home, shard, shards), home.pid_file(f"writer-{shard}"))
