@@ -19,9 +19,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from sdk.client import Client, connect
+from sdk.curve import load_public
 from sdk.errors import RelayError
 from sdk.paths import Home
 from sdk.types import AccessRule, Envelope, Signal
@@ -102,7 +104,13 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace) -> Client:
-    return connect(args.home, address=args.address, timeout=args.timeout)
+    return connect(
+        args.home,
+        address=args.address,
+        timeout=args.timeout,
+        key_file=args.key_file,
+        server_key=args.server_key,
+    )
 
 
 def _out(args: argparse.Namespace, data: Any, human: Callable[[Any], str]) -> None:
@@ -384,6 +392,67 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_auth(args: argparse.Namespace) -> int:
+    """Edit auth.json in the data directory; the running router applies it at once."""
+    from broker.auth import AuthPolicy
+    from sdk.curve import create_certificate, server_certificate
+
+    home = Home(args.home).create()
+    data = json.loads(home.auth_file.read_text()) if home.auth_file.exists() else {}
+    uids, keys = data.setdefault("uids", {}), data.setdefault("keys", {})
+    entry = {"name": args.name, "senders": args.sender or [], "admin": args.admin}
+    if args.action in ("allow-uid", "add-key", "remove") and not args.target:
+        print(f"relay auth {args.action}: which uid, key name or key?", file=sys.stderr)
+        return 2
+    if args.action in ("allow-uid", "add-key") and not args.sender:
+        print("relay auth: give at least one --sender pattern", file=sys.stderr)
+        return 2
+    if args.action == "allow-uid":
+        uids[args.target] = {**entry, "name": args.name or f"uid {args.target}"}
+    elif args.action == "add-key":
+        directory = Path(args.dir) if args.dir else home.keys
+        if (directory / f"{args.target}.key_secret").exists():
+            print(f"relay auth: {directory}/{args.target}.key_secret exists", file=sys.stderr)
+            return 2
+        public_file, secret_file = create_certificate(directory, args.target)
+        public = load_public(public_file).decode()
+        keys[public] = {**entry, "name": args.name or args.target}
+        print(f"client certificate: {secret_file} (give it to the client, keep it secret)")
+    elif args.action == "remove":
+        gone = [k for k, v in keys.items() if args.target in (k, v.get("name"))]
+        gone_uids = [u for u, v in uids.items() if args.target in (u, v.get("name"))]
+        for k in gone:
+            del keys[k]
+        for u in gone_uids:
+            del uids[u]
+        if not gone and not gone_uids:
+            print(f"relay auth: no uid or key named {args.target!r}", file=sys.stderr)
+            return 1
+    elif args.action == "server-key":
+        public, _ = server_certificate(home.keys)
+        print(f"{public.decode()}  ({home.server_public_key_file})")
+        return 0
+    if args.action != "list":
+        AuthPolicy.from_json(data, os.getuid())  # refuse to write what the router would refuse
+        _write_private(home.auth_file, json.dumps(data, indent=2) + "\n")
+    rows = [(f"uid {u}", v["name"], " ".join(v["senders"]), v["admin"]) for u, v in uids.items()]
+    rows += [(f"key {k}", v["name"], " ".join(v["senders"]), v["admin"]) for k, v in keys.items()]
+    print(_table(rows, ["who", "name", "may send as", "admin"]))
+    print(f"(uid {os.getuid()}, the broker's owner, is admitted with every right unless listed)")
+    return 0
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Atomically, 0600: the router's inotify sees one complete file (MOVED_TO)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def cmd_ops(args: argparse.Namespace) -> int:
     from ops.cli import main as ops_main  # imports nothing of Spark until a job runs
 
@@ -410,6 +479,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--address", default=None, help="router address (default: ipc in home)")
             p.add_argument(
                 "--timeout", type=float, default=10.0, help="seconds to wait for replies"
+            )
+            p.add_argument(
+                "--key-file", help="tcp:// only: this client's .key_secret ($RELAY_KEY_FILE)"
+            )
+            p.add_argument(
+                "--server-key", help="tcp:// only: the broker's public key or server.key file"
             )
         return p
 
@@ -465,6 +540,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("config", cmd_config, "show or change reliability settings")
     p.add_argument("action", nargs="?", default="get", choices=["get", "set"])
     p.add_argument("settings", nargs="*", metavar="section.key=value")
+    p = command("auth", cmd_auth, "who may connect and send as what (auth.json)", client=False)
+    p.add_argument(
+        "action",
+        nargs="?",
+        default="list",
+        choices=["list", "allow-uid", "add-key", "remove", "server-key"],
+    )
+    p.add_argument("target", nargs="?", help="a uid, a key name, or what to remove")
+    p.add_argument("--sender", action="append", help="sender pattern it may use (repeat)")
+    p.add_argument("--admin", action="store_true", help="may change config, rules, purge...")
+    p.add_argument("--name", help="a name for people (default: the key name or uid)")
+    p.add_argument("--dir", help="where add-key writes the certificate (default <home>/keys)")
     p = command("ops", cmd_ops, "Spark jobs: compaction and metrics", client=False)
     p.add_argument("ops_args", nargs=argparse.REMAINDER, help="compact|metrics [options]")
     return parser

@@ -41,6 +41,7 @@ class Subscription:
 class Session:
     identity: bytes
     last_seen: int
+    user: str | None = None  # the ZAP user id its connection was admitted with
     subs: set[int] = field(default_factory=set)
     waiting: int = 0  # this client's requests waiting on writers (bounded)
     # Messages handed to this client and not yet acknowledged:
@@ -70,17 +71,23 @@ class Consumers:
         self._next_sub = 1
         self._turn = 0
 
-    def touch(self, identity: bytes, now_ms: int) -> Session:
+    def touch(self, identity: bytes, now_ms: int, user: str | None = None) -> Session:
         session = self.sessions.get(identity)
+        if session is not None and session.user != user:
+            # A client-chosen routing id reused by other credentials: a new session,
+            # never the old one's subscriptions and claims.
+            self.end_session(identity)
+            session = None
         if session is None:
-            session = self.sessions[identity] = Session(identity, now_ms)
+            session = self.sessions[identity] = Session(identity, now_ms, user)
         session.last_seen = now_ms
         return session
 
     def subscribe(
         self, identity: bytes, pattern: str, mode: str, credit: int, now_ms: int
     ) -> Subscription:
-        session = self.touch(identity, now_ms)
+        session = self.sessions.get(identity) or self.touch(identity, now_ms)
+        session.last_seen = now_ms
         sub = Subscription(self._next_sub, identity, pattern, mode, credit)
         self._next_sub += 1
         self.subs[sub.id] = sub

@@ -18,6 +18,7 @@ import itertools
 import json
 import logging
 import os
+import resource
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from typing import Any
 import zmq
 
 from broker import consumers as cons
+from broker.auth import AuthPolicy
 from broker.budget import clamp
 from broker.consumers import Consumers, EndpointQueue, Session
 from broker.control import ControlPlane
@@ -35,7 +37,8 @@ from broker.rejections import RATE_LIMITED, RejectionLog
 from broker.reliability import Reliability
 from broker.rules import RuleSet
 from broker.sublist import Sublist
-from broker.watch import CONFIG_FILE, RULES_FILE, FileWatch
+from broker.watch import AUTH_FILE, CONFIG_FILE, RULES_FILE, FileWatch
+from broker.zap import ZapHandler, message_user, secure
 from sdk import wire
 from sdk.errors import (
     AccessDenied,
@@ -44,7 +47,9 @@ from sdk.errors import (
     InvalidMessage,
     InvalidState,
     LimitExceeded,
+    NotAuthorized,
     RelayError,
+    SenderNotAllowed,
     StorageError,
     Unavailable,
     UnknownOperation,
@@ -76,6 +81,21 @@ MAX_INFLIGHT_PER_CLIENT = 1024  # requests awaiting a writer, per client
 MAX_COMPACT_ITEMS = 10_000  # per compact_remove request (~0.5 MB of msgpack)
 POLL_MS = 250
 SERVER_NAME = "relay"
+# Operations that change what everyone sees: only identities with "admin" (auth.json).
+ADMIN_OPS = frozenset(
+    {
+        "set_config",
+        "add_rule",
+        "remove_rule",
+        "unregister",
+        "purge_dead_letters",
+        "rebuild_index",
+        "compact_remove",
+        "complete",
+        "fail",
+        "requeue",
+    }
+)
 
 
 def now_ms() -> int:
@@ -140,10 +160,15 @@ class Router:
         self.started_at = now_ms()
         self._bound: list[str] = []
 
+        # Before any client socket binds: libzmq asks it about every handshake.
+        self.auth = AuthPolicy(os.getuid())
+        self.zap = ZapHandler(self.ctx, lambda: self.auth)
         self.clients = self._socket(zmq.ROUTER)
         self.clients.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.clients.setsockopt(zmq.SNDHWM, 100_000)
         self.signals = self._socket(zmq.PUB)
+        secure(self.clients, self.address, home.keys)
+        secure(self.signals, self.signals_address, home.keys)
         self.to_writers = [self._socket(zmq.PUSH) for _ in range(shards)]
         for sock in self.to_writers:
             # Bounded by the per-client in-flight limit; EAGAIN means the writer is gone.
@@ -176,6 +201,7 @@ class Router:
             self._add_endpoint(info)
         self.queues.setdefault(UNROUTABLE, EndpointQueue())
         self._load_files({CONFIG_FILE, RULES_FILE}, only_if_changed=True)
+        self._load_auth_file()
         self._seed_rate_limiter()
         log.info(
             "router on %s, %d shards, %d endpoints", self.address, self.shards, len(self.endpoints)
@@ -201,11 +227,17 @@ class Router:
         for monitor in self._writer_monitors:
             poller.register(monitor, zmq.POLLIN)
         poller.register(self.watch.fileno(), zmq.POLLIN)
+        poller.register(self.zap.socket, zmq.POLLIN)
         next_sweep = 0
         while not self.stopping:
             events = dict(poller.poll(POLL_MS))
             if self.watch.fileno() in events:
-                self._load_files(self.watch.changed())
+                changed = self.watch.changed()
+                self._load_files(changed)
+                if AUTH_FILE in changed:
+                    self._load_auth_file()
+            if self.zap.socket in events:
+                self.zap.handle()
             for monitor, shard in self._writer_monitors.items():
                 if monitor in events:
                     monitor.recv_multipart()
@@ -213,7 +245,7 @@ class Router:
             if self.from_writers in events:
                 self._drain(self.from_writers, self._on_writer)
             if self.clients in events:
-                self._drain(self.clients, self._on_client)
+                self._drain_clients()
                 self._flush_deliveries()
             now = now_ms()
             if now >= next_sweep:
@@ -230,6 +262,14 @@ class Router:
                 return
             handle(frames)
 
+    def _drain_clients(self, limit: int = 1000) -> None:
+        for _ in range(limit):
+            try:
+                frames = self.clients.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._on_client([f.bytes for f in frames], message_user(frames[0]))
+
     def close(self) -> None:
         self.rejections.close()
         self.control.close()
@@ -244,6 +284,7 @@ class Router:
             *self.to_writers,
         ):
             sock.close(0)
+        self.zap.close()
         self.ctx.term()
         for address in self._bound:  # libzmq leaves ipc socket files behind
             if address.startswith("ipc://"):
@@ -276,18 +317,26 @@ class Router:
 
     # ------------------------------------------------------------------ client side
 
-    def _on_client(self, frames: list[bytes]) -> None:
+    def _on_client(self, frames: list[bytes], user: str | None = None) -> None:
         identity, body = frames[0], frames[1:]
         try:
             request = wire.decode_request(body)
         except RelayError as exc:
             self._reply_error(identity, wire.peek_rid(body), exc)
             return
-        session = self.consumers.touch(identity, now_ms())
+        who = self.auth.identity(user)
+        if who is None:  # admitted once, revoked since (auth.json changed)
+            self._end_session(identity)
+            error = NotAuthorized(f"the credentials of this connection ({user}) were revoked")
+            self._reply_error(identity, request.rid, error)
+            return
+        session = self.consumers.touch(identity, now_ms(), user)
         handler = self._ops.get(request.op)
         try:
             if handler is None:
                 raise UnknownOperation(f"unknown operation {request.op!r:.60}")
+            if request.op in ADMIN_OPS and not who.admin:
+                raise NotAuthorized(f"{request.op!r} needs operator rights; {who.name} has none")
             result = handler(self, session, request)
         except RelayError as exc:
             self._reply_error(identity, request.rid, exc)
@@ -338,7 +387,7 @@ class Router:
         now = now_ms()
         limits = self.config["limits"]
         subject = validate(_str(req, "subject"), wildcards=True)
-        sender = validate(_str(req, "from"))
+        sender = self._sender(session, _str(req, "from"))
         reply_to = req.get("replyTo")
         if reply_to is not None:
             reply_to = validate(_str(req, "replyTo"))
@@ -411,6 +460,16 @@ class Router:
             job.shards.add(shard)
             self._outgoing.setdefault(shard, []).append((header, copy.data))
         return _DEFERRED
+
+    def _sender(self, session: Session, sender: str) -> str:
+        """``from`` checked against the connection's credentials (auth.json)."""
+        validate(sender)
+        who = self.auth.identity(session.user)
+        if who is None or not who.may_send_as(sender):
+            allowed = ", ".join(who.senders) if who else "nothing"
+            name = who.name if who else session.user
+            raise SenderNotAllowed(f"{name} may not send as {sender}; it may use {allowed}")
+        return sender
 
     def _publish_budget(self, req: wire.Request, sender: str, now: int) -> Budget:
         """The budget a publish travels with. Budgets never grow: a reply naming its
@@ -526,6 +585,28 @@ class Router:
                 continue
             if loaders[name]():
                 self.control.set_applied_digest(name, digest)
+
+    def _load_auth_file(self) -> None:
+        """auth.json: who may connect and send as what. A bad file keeps the last good
+        policy (at start: the owner only), so a typo never opens the door."""
+        try:
+            if (self.home.root / AUTH_FILE).exists():
+                self.auth = AuthPolicy.from_json(self._read_json(AUTH_FILE), os.getuid())
+            else:
+                self.auth = AuthPolicy(os.getuid())
+        except RelayError as exc:
+            self.file_errors[AUTH_FILE] = str(exc)
+            log.error("%s refused, the last good policy stays in force: %s", AUTH_FILE, exc)
+            return
+        self.file_errors.pop(AUTH_FILE, None)
+        counts = len(self.auth.uids), len(self.auth.keys)
+        log.info("%s applied: %d uids, %d keys", AUTH_FILE, *counts)
+        # Other uids admitted: their connect(2) must reach ZAP, which is then the gate.
+        mode = 0o666 if len(self.auth.uids) > 1 else 0o600
+        for address in (self.address, self.signals_address):
+            if address.startswith("ipc://"):
+                with contextlib.suppress(OSError):
+                    os.chmod(address[len("ipc://") :], mode)
 
     def _read_json(self, name: str) -> Any:
         try:
@@ -795,7 +876,7 @@ class Router:
         signal_ = Signal.from_wire(req.get("signal"))
         sender = req.get("from")
         if sender is not None:
-            decision = self.rules.decide(validate(_str(req, "from")), subject)
+            decision = self.rules.decide(self._sender(session, _str(req, "from")), subject)
             if not decision.allowed:
                 raise AccessDenied(f"signals from {sender} to {subject} are denied by a rule")
         self.signals.send_multipart(wire.encode_signal(subject, signal_.to_wire()))
@@ -1294,5 +1375,10 @@ def _limit(req: wire.Request, default: int = 100, maximum: int = 1000) -> int:
 def main(
     home: Home, shards: int, *, address: str | None = None, signals_address: str | None = None
 ) -> int:
+    # Each client connection is a file descriptor: allow as many as the system lets us.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     router = Router(home, shards, address=address, signals_address=signals_address)
     return run_until_stopped(router, home.pid_file("router"))

@@ -1,4 +1,5 @@
-"""Watching the operator's files in the data directory: config.json, access-rules.json.
+"""Watching the operator's files in the data directory: config.json, access-rules.json,
+auth.json.
 
 The router reads each at start and again whenever it is written (closed after writing,
 or renamed into place, as editors do), through inotify on the data directory itself,
@@ -15,7 +16,8 @@ from inotify_simple import flags as iflags
 
 CONFIG_FILE = "config.json"
 RULES_FILE = "access-rules.json"
-WATCHED = (CONFIG_FILE, RULES_FILE)
+AUTH_FILE = "auth.json"
+WATCHED = (CONFIG_FILE, RULES_FILE, AUTH_FILE)
 
 
 class FileWatch:

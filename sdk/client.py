@@ -25,9 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from sdk import subjects, wire
-from sdk.errors import InvalidMessage, RelayError, Timeout, Unavailable
+from sdk.curve import CurveKeys, client_keys
+from sdk.errors import InvalidMessage, NotAuthorized, RelayError, Timeout, Unavailable
 from sdk.paths import Home
 from sdk.types import (
     AccessRule,
@@ -45,6 +47,11 @@ DEFAULT_TIMEOUT = 10.0
 HEARTBEAT_S = 1.0
 Handler = Callable[[Envelope], Any]
 _client_numbers = itertools.count(1)  # names each client's inproc socket uniquely
+_HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
 SignalHandler = Callable[[str, Signal], Any]
 
 
@@ -62,10 +69,16 @@ class Client:
     """A connection to a Relay broker. Thread-safe; use as a context manager."""
 
     def __init__(
-        self, address: str, *, timeout: float = DEFAULT_TIMEOUT, ctx: zmq.Context | None = None
+        self,
+        address: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        ctx: zmq.Context | None = None,
+        curve: CurveKeys | None = None,
     ) -> None:
         self.address = address
         self.timeout = timeout
+        self._curve = curve
         self._ctx = ctx or zmq.Context.instance()
         self._rids = itertools.count(1)
         self._futures: dict[int, Future] = {}
@@ -83,6 +96,7 @@ class Client:
         self._outbox.setsockopt(zmq.LINGER, 0)
         self._outbox.connect(self._outbox_addr)
         self._signal_queue: queue.Queue = queue.Queue()
+        self._refused: NotAuthorized | None = None  # the broker refused our handshake
         self._io = threading.Thread(target=self._io_loop, name="relay-client-io", daemon=True)
         self._io_ready = threading.Event()
         self._io.start()
@@ -91,8 +105,8 @@ class Client:
             self.server = self._call("hello", client=f"python-sdk/{os.getpid()}")
         except RelayError as exc:
             self.close()
-            if not isinstance(exc, Timeout):
-                raise
+            if not isinstance(exc, Timeout) or self._refused:
+                raise self._refused or exc from None
             raise Unavailable(
                 f"broker unavailable at {address}: no answer within {timeout:g} s "
                 "(is `relay up` running for this home?)"
@@ -104,14 +118,19 @@ class Client:
     def _io_loop(self) -> None:
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
-        dealer.connect(self.address)
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
+        if self._curve is not None:
+            self._curve.apply(dealer)
+            self._curve.apply(sub)
+        handshakes = dealer.get_monitor_socket(_HANDSHAKE_FAILED)
+        dealer.connect(self.address)
         self._sub_socket = sub
         poller = zmq.Poller()
         poller.register(dealer, zmq.POLLIN)
         poller.register(self._outbox_in, zmq.POLLIN)
         poller.register(sub, zmq.POLLIN)
+        poller.register(handshakes, zmq.POLLIN)
         self._io_ready.set()
         next_ping = time.monotonic() + HEARTBEAT_S
         try:
@@ -121,6 +140,8 @@ class Client:
                         self._forward(self._outbox_in, dealer, sub)
                     elif sock is dealer:
                         self._receive(dealer)
+                    elif sock is handshakes:
+                        self._handshake_failed(recv_monitor_message(handshakes))
                     else:
                         self._receive_signals(sub)
                 # Always, not only while subscribed: a message being handled after an
@@ -132,6 +153,8 @@ class Client:
                     next_ping = now + HEARTBEAT_S
                     self._expire(now)
         finally:
+            dealer.disable_monitor()
+            handshakes.close(0)
             dealer.close(0)
             sub.close(0)
             self._outbox_in.close(0)
@@ -143,6 +166,18 @@ class Client:
             if deadline <= now:
                 error = f"no reply from the broker at {self.address} within the deadline"
                 self._fail(rid, Timeout(error))
+
+    def _handshake_failed(self, event: dict[str, Any]) -> None:
+        """The broker refused our credentials (ZAP): fail what waits, now, not at the
+        deadline. libzmq keeps retrying; a later success clears nothing we need."""
+        how = "refused" if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH else "failed"
+        key = "with a CURVE key" if self._curve else "without a key (uid check)"
+        self._refused = NotAuthorized(
+            f"the broker at {self.address} {how} this connection's handshake {key}; "
+            "see auth.json and docs/security.md"
+        )
+        for rid in list(self._futures):
+            self._fail(rid, self._refused)
 
     def _fail(self, rid: int, error: RelayError) -> None:
         self._deadlines.pop(rid, None)
@@ -616,6 +651,21 @@ def connect(
     *,
     address: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    key_file: str | os.PathLike[str] | None = None,
+    server_key: str | os.PathLike[str] | None = None,
 ) -> Client:
-    """Connect to the broker of a data directory (default $RELAY_HOME or ~/.dork/relay)."""
-    return Client(address or Home(home).router_address, timeout=timeout)
+    """Connect to the broker of a data directory (default $RELAY_HOME or ~/.dork/relay).
+
+    On tcp:// the broker wants CURVE: ``key_file`` is this client's ``.key_secret``
+    certificate (default ``$RELAY_KEY_FILE``) and ``server_key`` the broker's public key,
+    as Z85 text or a certificate path (default ``$RELAY_SERVER_KEY``, else
+    ``<home>/keys/server.key`` when this machine has it).
+    """
+    where = Home(home)
+    address = address or where.router_address
+    curve = None
+    key_file = key_file or os.environ.get("RELAY_KEY_FILE")
+    if key_file:
+        server_key = server_key or os.environ.get("RELAY_SERVER_KEY")
+        curve = client_keys(key_file, server_key or where.server_public_key_file)
+    return Client(address, timeout=timeout, curve=curve)

@@ -84,6 +84,19 @@ class AccessDenied(RelayError):
     code = "access_denied"
 
 
+class SenderNotAllowed(AccessDenied):
+    """The connection's credentials (peer uid, CURVE key) do not cover this ``from``."""
+
+    code = "sender_not_allowed"
+
+
+class NotAuthorized(AccessDenied):
+    """An operator operation (config, rules, purge, ...) from a non-admin identity; or,
+    on the client side, a broker that refused our credentials at the handshake."""
+
+    code = "not_authorized"
+
+
 class LimitExceeded(RelayError):
     """A bounded resource is full: subscriptions per client, credit, in-flight requests."""
 

@@ -58,6 +58,19 @@ class Home:
         return self.root / "config.json"
 
     @property
+    def auth_file(self) -> Path:
+        return self.root / "auth.json"
+
+    @property
+    def keys(self) -> Path:
+        """CURVE certificates: the broker's (server.key, server.key_secret) and clients'."""
+        return self.root / "keys"
+
+    @property
+    def server_public_key_file(self) -> Path:
+        return self.keys / "server.key"
+
+    @property
     def archive(self) -> Path:
         return self.root / "archive"
 

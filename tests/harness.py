@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -66,9 +66,16 @@ def wait_for(
 
 class Broker:
     def __init__(
-        self, shards: int = 2, home: Path | None = None, env: dict[str, str] | None = None
+        self,
+        shards: int = 2,
+        home: Path | None = None,
+        env: dict[str, str] | None = None,
+        router_args: Sequence[str] = (),
+        client_options: dict[str, Any] | None = None,
     ) -> None:
         self.shards = shards
+        self.router_args = list(router_args)
+        self.client_options = client_options or {}  # connect() keywords: address, key_file
         self.home = Home(home or tempfile.mkdtemp(prefix="relay-"))
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "RELAY_LOG": "INFO", **(env or {})}
         self.procs: dict[str, subprocess.Popen] = {}
@@ -83,7 +90,7 @@ class Broker:
         )
 
     def start_router(self) -> None:
-        self._spawn("router", "router", "--shards", str(self.shards))
+        self._spawn("router", "router", "--shards", str(self.shards), *self.router_args)
 
     def start_writer(self, shard: int, env: dict[str, str] | None = None) -> None:
         self._spawn(
@@ -105,7 +112,7 @@ class Broker:
                         f"{name} exited with {proc.returncode}:\n" + self.log(name)
                     )
             try:
-                with connect(self.home.root, timeout=1.0) as client:
+                with connect(self.home.root, timeout=1.0, **self.client_options) as client:
                     status = client.status()
             except RelayError:
                 return False
@@ -113,8 +120,8 @@ class Broker:
 
         wait_for(ready, timeout, interval=0.05, what="router and writers to be up")
 
-    def client(self, timeout: float = 10.0) -> Client:
-        client = connect(self.home.root, timeout=timeout)
+    def client(self, timeout: float = 10.0, **options: Any) -> Client:
+        client = connect(self.home.root, timeout=timeout, **{**self.client_options, **options})
         self._clients.append(client)
         return client
 

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import tempfile
 import threading
 from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
 import zmq
@@ -142,9 +145,27 @@ def test_a_damaged_index_is_rebuilt_from_the_maildir_at_start(damage):
         broker.cleanup()
 
 
+ADVERSARIAL_BODIES = [
+    b"\x91" * 100_000 + b"\xc0",  # 100,000 nested one-element arrays
+    b"\xdd\xff\xff\xff\xff",  # an array that claims 2^32 - 1 items
+    b"\xdf\xff\xff\xff\xff",  # a map that claims 2^32 - 1 pairs
+    b"\xdb\xff\xff\xff\xff",  # a 4 GiB string, missing
+    wire.packb(
+        {"op": "publish", "rid": 1, "subject": "a.b", "from": "c.d", "payload": "x" * 2**21}
+    ),
+    wire.packb({"op": "publish", "rid": 1, "subject": "a.\x00.b", "from": "c.d", "payload": 1}),
+    wire.packb({"op": "publish", "rid": 1, "subject": "..", "from": "../../x", "payload": 1}),
+    wire.packb({"op": "subscribe", "rid": 1, "pattern": ">", "credit": 10**9}),
+    wire.packb({"op": "ack", "rid": 1, "id": "../../../etc/passwd", "endpoint": "../.."}),
+    wire.packb({"op": "publish", "rid": 1, "subject": "a.b", "from": "c.d", "payload": [[[[]]]]}),
+    wire.packb([1, 2, 3]),
+    wire.packb({"op": "publish", "rid": 2**64 - 1}),
+]
+
 frame = st.one_of(
     st.binary(max_size=64),
     st.just(wire.MAGIC),
+    st.sampled_from(ADVERSARIAL_BODIES),
     st.builds(
         wire.packb,
         st.recursive(
@@ -206,14 +227,33 @@ def test_garbage_frames_get_one_reply_each_and_the_broker_keeps_serving(fuzz_bro
     client.register_endpoint(ENDPOINTS[0])
     assert client.publish(ENDPOINTS[0], "still serving", sender=SENDER).delivered_to == 1
     client.close()
+    assert os.listdir(broker.home.root.parent) == [broker.home.root.name]  # nothing beside it
     ours = ("run", "mailboxes", "control.db", "rejections.db", "index-")
     outside = [p for p in os.listdir(broker.home.root) if not p.startswith(ours)]
     assert outside == [], f"unexpected files in the home: {outside}"
+    for mailbox in (broker.home.mailboxes).iterdir():  # only Maildir folders inside
+        assert {p.name for p in mailbox.iterdir()} <= {"tmp", "new", "cur", "failed"}
+
+
+def test_a_flood_of_subscriptions_is_bounded_and_the_broker_keeps_serving(fuzz_broker):
+    broker, sock = fuzz_broker
+    codes = []
+    for rid in range(1, 1001):
+        sock.send_multipart(wire.encode_request("subscribe", rid, pattern=f"flood.{rid}"))
+        reply = wire.decode_incoming(sock.recv_multipart())
+        codes.append("ok" if reply.ok else reply.error.code)
+    limit = broker.client().get_config()["limits"]["maxSubscriptionsPerClient"]
+    assert codes.count("ok") <= limit
+    assert codes[limit:] == ["limit_exceeded"] * (1000 - limit)
+    client = broker.client()
+    client.register_endpoint(ENDPOINTS[1])
+    assert client.publish(ENDPOINTS[1], "still serving", sender=SENDER).delivered_to == 1
 
 
 @pytest.fixture(scope="module")
 def fuzz_broker():
-    broker = Broker(shards=1).start()
+    sandbox = Path(tempfile.mkdtemp(prefix="relay-fuzz-"))  # holds the home and nothing else
+    broker = Broker(shards=1, home=sandbox / "home").start()
     broker.client().set_config({"rateLimit": {"enabled": False}})
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -224,4 +264,5 @@ def fuzz_broker():
     finally:
         sock.close()
         broker.cleanup()
+        shutil.rmtree(sandbox, ignore_errors=True)
         assert all(p.returncode == 0 for p in broker.procs.values()), "a process crashed"

@@ -54,6 +54,8 @@ typedef enum {
     RELAY_E_UNAVAILABLE,
     RELAY_E_TIMEOUT,
     RELAY_E_INTERNAL,
+    RELAY_E_SENDER_NOT_ALLOWED,
+    RELAY_E_NOT_AUTHORIZED,
     RELAY_E_OTHER /* a code this client does not know: relay_error.name has it */
 } relay_code;
 

@@ -40,7 +40,8 @@ static void test_codes(void) {
                            "invalid_message", "invalid_subject", "payload_too_large",
                            "limit_exceeded", "endpoint_not_found", "message_not_found",
                            "already_claimed", "invalid_state", "access_denied", "invalid_config",
-                           "storage_error", "unavailable", "timeout", "internal"};
+                           "storage_error", "unavailable", "timeout", "internal",
+                           "sender_not_allowed", "not_authorized"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         relay_code code = relay_code_from_name(names[i]);
         CHECK(code != RELAY_E_OTHER && code != RELAY_OK, "no code for %s", names[i]);

@@ -45,6 +45,8 @@ const MessageNotFoundError = define("MessageNotFoundError", "message_not_found",
 const AlreadyClaimedError = define("AlreadyClaimedError", "already_claimed");
 const InvalidStateError = define("InvalidStateError", "invalid_state");
 const AccessDeniedError = define("AccessDeniedError", "access_denied");
+const SenderNotAllowedError = define("SenderNotAllowedError", "sender_not_allowed", AccessDeniedError);
+const NotAuthorizedError = define("NotAuthorizedError", "not_authorized", AccessDeniedError);
 const InvalidConfigError = define("InvalidConfigError", "invalid_config");
 const StorageError = define("StorageError", "storage_error");
 const UnavailableError = define("UnavailableError", "unavailable");
@@ -55,8 +57,8 @@ const CLASSES = [
   MalformedFrameError, UnsupportedVersionError, UnknownOperationError, InvalidMessageError,
   InvalidSubjectError, PayloadTooLargeError, LimitExceededError, NotFoundError,
   EndpointNotFoundError, MessageNotFoundError, AlreadyClaimedError, InvalidStateError,
-  AccessDeniedError, InvalidConfigError, StorageError, UnavailableError, TimeoutError,
-  InternalError,
+  AccessDeniedError, SenderNotAllowedError, NotAuthorizedError, InvalidConfigError, StorageError,
+  UnavailableError, TimeoutError, InternalError,
 ];
 
 /** @type {Record<string, typeof RelayError>} code -> class */

@@ -1,0 +1,150 @@
+"""Who may connect, which sender subjects they may use, who may run operator commands.
+
+Pure: the router's ZAP handler (broker/zap.py) asks `AuthPolicy.admit_uid` /
+`admit_key` at each connection's handshake and gives the connection a user id
+(``uid:1000``, ``key:<z85 public key>``); libzmq then stamps that user id on every
+message the connection sends, and the router asks `AuthPolicy.identity` per request.
+Revoking a key or a uid therefore takes effect at the next request, not only at the
+next connection.
+
+The policy comes from ``auth.json`` in the data directory::
+
+    {
+      "uids": {"1001": {"name": "agent-b", "senders": ["relay.agent.b.>"]}},
+      "keys": {"<z85 public key>": {"name": "projA", "senders": ["relay.agent.projA.>"],
+                                    "admin": false}}
+    }
+
+The uid that runs the broker (the owner) is always admitted, with every sender and
+operator rights, unless ``uids`` names it: it owns the data directory and could write
+any mail file directly, so refusing it would protect nothing. Every other uid and every
+CURVE key must be listed. Without the file, that is single-user local use as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sdk.errors import InvalidConfig, RelayError
+from sdk.subjects import matches, validate
+
+AUTH_FILE = "auth.json"
+Z85_KEY_LENGTH = 40  # a 32-byte CURVE key in Z85 text
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    name: str
+    senders: tuple[str, ...]  # subject patterns this identity may publish as
+    admin: bool = False  # may change config and rules, purge, complete others' messages
+
+    def may_send_as(self, sender: str) -> bool:
+        if ">" in self.senders:  # the common, unrestricted case: no matching at all
+            return True
+        return any(matches(sender, pattern) for pattern in self.senders)
+
+
+def owner_identity() -> Identity:
+    return Identity("owner", (">",), admin=True)
+
+
+def uid_user(uid: int) -> str:
+    return f"uid:{uid}"
+
+
+def key_user(z85_key: str) -> str:
+    return f"key:{z85_key}"
+
+
+class AuthPolicy:
+    def __init__(
+        self,
+        owner_uid: int,
+        uids: Mapping[int, Identity] | None = None,
+        keys: Mapping[str, Identity] | None = None,
+    ) -> None:
+        self.owner_uid = owner_uid
+        self.uids = dict(uids or {})
+        self.uids.setdefault(owner_uid, owner_identity())
+        self.keys = dict(keys or {})
+        self._by_user = {uid_user(u): i for u, i in self.uids.items()}
+        self._by_user.update({key_user(k): i for k, i in self.keys.items()})
+
+    @classmethod
+    def from_json(cls, data: Any, owner_uid: int) -> AuthPolicy:
+        """Parse auth.json; `InvalidConfig` names the first bad field."""
+        if not isinstance(data, dict):
+            raise InvalidConfig(f"{AUTH_FILE} must be an object with 'uids' and/or 'keys'")
+        unknown = set(data) - {"uids", "keys"}
+        if unknown:
+            raise InvalidConfig(f"{AUTH_FILE}: unknown field(s) {sorted(unknown)}")
+        uids = {
+            _uid(raw, f"uids.{raw}"): _identity(entry, f"uids.{raw}")
+            for raw, entry in _object(data.get("uids", {}), "uids").items()
+        }
+        keys = {
+            _key(raw, f"keys.{raw}"): _identity(entry, f"keys.{raw}")
+            for raw, entry in _object(data.get("keys", {}), "keys").items()
+        }
+        return cls(owner_uid, uids, keys)
+
+    def admit_uid(self, uid: int) -> str | None:
+        """The user id for an ipc peer running as ``uid``, or None to refuse it."""
+        return uid_user(uid) if uid in self.uids else None
+
+    def admit_key(self, z85_key: str) -> str | None:
+        """The user id for a CURVE client with this public key, or None to refuse it."""
+        return key_user(z85_key) if z85_key in self.keys else None
+
+    def identity(self, user: str | None) -> Identity | None:
+        """The identity behind a connection's user id; None when it was revoked.
+
+        ``user`` is None for connections that never went through ZAP (a socket bound
+        without a ZAP domain): those are the owner's by construction.
+        """
+        if user is None:
+            return self.uids[self.owner_uid]
+        return self._by_user.get(user)
+
+
+def _object(value: Any, path: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidConfig(f"{AUTH_FILE}: {path} must be an object")
+    return value
+
+
+def _uid(raw: str, path: str) -> int:
+    if not raw.isdigit():
+        raise InvalidConfig(f"{AUTH_FILE}: {path}: a uid is a non-negative integer")
+    return int(raw)
+
+
+def _key(raw: str, path: str) -> str:
+    if len(raw) != Z85_KEY_LENGTH:
+        raise InvalidConfig(
+            f"{AUTH_FILE}: {path}: a CURVE public key is {Z85_KEY_LENGTH} Z85 characters"
+        )
+    return raw
+
+
+def _identity(entry: Any, path: str) -> Identity:
+    entry = _object(entry, path)
+    unknown = set(entry) - {"name", "senders", "admin"}
+    if unknown:
+        raise InvalidConfig(f"{AUTH_FILE}: {path}: unknown field(s) {sorted(unknown)}")
+    name = entry.get("name", path)
+    senders = entry.get("senders")
+    admin = entry.get("admin", False)
+    if not isinstance(name, str):
+        raise InvalidConfig(f"{AUTH_FILE}: {path}.name must be a string")
+    if not isinstance(senders, list) or not all(isinstance(s, str) for s in senders):
+        raise InvalidConfig(f"{AUTH_FILE}: {path}.senders must be a list of subject patterns")
+    if not isinstance(admin, bool):
+        raise InvalidConfig(f"{AUTH_FILE}: {path}.admin must be true or false")
+    try:
+        patterns = tuple(validate(s, wildcards=True) for s in senders)
+    except RelayError as exc:
+        raise InvalidConfig(f"{AUTH_FILE}: {path}.senders: {exc}") from None
+    return Identity(name, patterns, admin)

@@ -1,0 +1,260 @@
+"""Authentication and sender identity through real processes (docs/security.md).
+
+ipc://: libzmq reports the peer's uid to the router's ZAP handler, checked against
+auth.json. tcp://: CURVE, only listed public keys. Either way the connection's
+credentials decide which ``from`` subjects it may use and whether it may run operator
+commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from sdk import wire
+from sdk.curve import create_certificate
+from sdk.errors import NotAuthorized, SenderNotAllowed
+from sdk.types import AccessRule, RuleAction, Signal, SignalType
+from tests.harness import Broker, signals_flowing, wait_for
+
+pytestmark = pytest.mark.integration
+
+PROJ_A = "relay.agent.projA"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_auth(broker: Broker, data: dict) -> None:
+    """Atomically, as an editor or `relay auth` does (the router watches the directory)."""
+    tmp = broker.home.root / ".auth.json.tmp"
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, broker.home.auth_file)
+
+
+def refused(call) -> bool:
+    try:
+        call()
+    except SenderNotAllowed:
+        return True
+    return False
+
+
+@pytest.fixture
+def tcp_broker():
+    """A broker on tcp:// with two client keys: an admin and projA (its own senders)."""
+    b = Broker(
+        shards=1,
+        router_args=[
+            "--address",
+            f"tcp://127.0.0.1:{free_port()}",
+            "--signals-address",
+            f"tcp://127.0.0.1:{free_port()}",
+        ],
+    )
+    b.home.create()
+    for name, senders, admin in (("ops", [">"], ["--admin"]), ("projA", [f"{PROJ_A}.>"], [])):
+        args = ["auth", "add-key", name, *admin]
+        result = b.relay(*args, *[f"--sender={s}" for s in senders])
+        assert result.returncode == 0, result.stderr
+    address = b.router_args[1]
+    b.client_options = {"address": address, "key_file": b.home.keys / "ops.key_secret"}
+    try:
+        b.start()
+        yield b
+    finally:
+        b.cleanup()
+
+
+def test_a_listed_curve_key_publishes_as_its_senders_only(tcp_broker):
+    client = tcp_broker.client(key_file=tcp_broker.home.keys / "projA.key_secret")
+    client.register_endpoint(f"{PROJ_A}.inbox")
+    result = client.publish(f"{PROJ_A}.inbox", {"n": 1}, sender=f"{PROJ_A}.worker")
+    assert result.delivered_to == 1
+    with pytest.raises(SenderNotAllowed, match=r"projA may not send as relay\.agent\.other"):
+        client.publish(f"{PROJ_A}.inbox", {"n": 2}, sender="relay.agent.other")
+    status = tcp_broker.client().status()
+    assert sum(e["depth"] for e in status["endpoints"]) == 1
+
+
+def test_a_non_admin_key_cannot_change_config_or_rules(tcp_broker):
+    client = tcp_broker.client(key_file=tcp_broker.home.keys / "projA.key_secret")
+    with pytest.raises(NotAuthorized, match="set_config"):
+        client.set_config({"rateLimit": {"maxPerWindow": 1}})
+    with pytest.raises(NotAuthorized, match="purge_dead_letters"):
+        client.purge_dead_letters()
+    assert client.get_config()["rateLimit"]["maxPerWindow"] != 1  # reading is fine
+
+
+def test_an_unknown_curve_key_is_refused_at_the_handshake(tcp_broker, tmp_path):
+    create_certificate(tmp_path, "stranger")
+    started = time.monotonic()
+    with pytest.raises(NotAuthorized, match="refused this connection's handshake"):
+        tcp_broker.client(key_file=tmp_path / "stranger.key_secret", timeout=30)
+    # Told by the handshake, not by the 30 s deadline (a bound for the test, not a timing claim).
+    assert time.monotonic() - started < 25
+    assert "unknown CURVE key" in tcp_broker.log("router")
+
+
+def test_a_client_without_a_key_cannot_talk_to_a_tcp_broker(tcp_broker):
+    with pytest.raises(NotAuthorized):
+        tcp_broker.client(key_file=None, timeout=30)
+
+
+def test_signals_flow_over_curve(tcp_broker):
+    client = tcp_broker.client(key_file=tcp_broker.home.keys / "projA.key_secret")
+    signals_flowing(client, f"{PROJ_A}.inbox")
+
+
+def test_removing_a_key_revokes_the_open_connection(tcp_broker):
+    client = tcp_broker.client(key_file=tcp_broker.home.keys / "projA.key_secret")
+    client.list_endpoints()
+    result = tcp_broker.relay("auth", "remove", "projA")
+    assert result.returncode == 0, result.stderr
+
+    def revoked() -> bool:
+        try:
+            client.list_endpoints()
+        except NotAuthorized:
+            return True
+        return False
+
+    wait_for(revoked, 10, what="the removed key to be refused")
+
+
+def test_the_owners_senders_can_be_restricted_and_it_applies_at_once(broker):
+    client = broker.client()
+    client.register_endpoint("relay.agent.a.inbox")
+    client.publish("relay.agent.a.inbox", "before", sender="relay.agent.b.x")
+    write_auth(broker, {"uids": {str(os.getuid()): {"senders": ["relay.agent.a.>"]}}})
+
+    wait_for(
+        lambda: refused(
+            lambda: client.publish("relay.agent.a.inbox", "x", sender="relay.agent.b.x")
+        ),
+        10,
+        what="auth.json to apply",
+    )
+    assert client.publish("relay.agent.a.inbox", "ok", sender="relay.agent.a.me").delivered_to
+    with pytest.raises(SenderNotAllowed):
+        typing = Signal(SignalType.TYPING, "active", "relay.agent.a.inbox", 0)
+        client.signal("relay.agent.a.inbox", typing, sender="relay.agent.b.x")
+    with pytest.raises(NotAuthorized):
+        client.add_rule(AccessRule("relay.agent.b.>", "relay.agent.a.>", RuleAction.DENY))
+
+
+def test_a_broken_auth_file_keeps_the_last_good_policy(broker):
+    client = broker.client()
+    client.register_endpoint("relay.agent.a.inbox")
+    write_auth(broker, {"uids": {str(os.getuid()): {"senders": ["relay.agent.a.>"]}}})
+    wait_for(
+        lambda: refused(lambda: client.publish("relay.agent.a.inbox", 1, sender="relay.b.x")),
+        10,
+        what="auth.json to apply",
+    )
+    (broker.home.auth_file).write_text("{not json")
+    wait_for(lambda: "auth.json refused" in broker.log("router"), 10, what="the refusal in the log")
+    assert refused(lambda: client.publish("relay.agent.a.inbox", 2, sender="relay.b.x"))
+
+
+# ---------------------------------------------------------------- other local users
+
+NOBODY = 65534
+
+
+def _hello_as(uid: int, address: str, *requests: list[bytes]) -> list[str]:
+    """In a forked child running as ``uid``: send each request, report each outcome."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own context, its own uid, nothing of the parent's
+        outcomes = []
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            ctx = zmq.Context()
+            dealer = ctx.socket(zmq.DEALER)
+            dealer.linger = 0
+            dealer.connect(address)
+            for request in requests:
+                dealer.send_multipart(request)
+                if dealer.poll(3000):
+                    reply = wire.decode_incoming(dealer.recv_multipart())
+                    outcomes.append("ok" if reply.ok else reply.error.code)
+                else:
+                    outcomes.append("no reply")
+            dealer.close()
+            ctx.term()
+        finally:
+            os.write(write_end, json.dumps(outcomes).encode())
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+@pytest.fixture
+def shared_socket_broker():
+    """A broker whose client socket sits in a directory other users can traverse."""
+    shared = Path(tempfile.mkdtemp(prefix="relay-shared-"))  # not under pytest's 0700 tree
+    os.chmod(shared, 0o711)
+    b = Broker(shards=1, router_args=["--address", f"ipc://{shared}/router.sock"])
+    b.client_options = {"address": f"ipc://{shared}/router.sock"}
+    try:
+        b.start()
+        yield b
+    finally:
+        b.cleanup()
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="switching to another uid needs root")
+def test_another_local_user_is_refused_unless_allowed_and_then_limited_to_its_senders(
+    shared_socket_broker,
+):
+    broker = shared_socket_broker
+    address = broker.client_options["address"]
+    socket_file = address[len("ipc://") :]
+    assert os.stat(socket_file).st_mode & 0o777 == 0o600  # only the owner, by default
+    os.chmod(socket_file, 0o666)  # even when reachable, ZAP is a second wall
+    broker.client().register_endpoint("relay.agent.nobody.inbox")
+    hello = wire.encode_request("hello", 1)
+
+    assert _hello_as(NOBODY, address, hello) == ["no reply"]
+    wait_for(
+        lambda: "uid 65534 is not in the allow-list" in broker.log("router"),
+        10,
+        what="the refusal in the router's log",
+    )
+
+    result = broker.relay("auth", "allow-uid", str(NOBODY), "--sender=relay.agent.nobody.>")
+    assert result.returncode == 0, result.stderr
+    own = wire.encode_request(
+        "publish",
+        2,
+        subject="relay.agent.nobody.inbox",
+        payload=1,
+        **{"from": "relay.agent.nobody.a"},
+    )
+    forged = wire.encode_request(
+        "publish", 3, subject="relay.agent.nobody.inbox", payload=2, **{"from": "relay.agent.root"}
+    )
+    wait_for(
+        lambda: (
+            _hello_as(NOBODY, address, hello, own, forged) == ["ok", "ok", "sender_not_allowed"]
+        ),
+        10,
+        what="uid 65534 to be admitted with its own senders only",
+    )
