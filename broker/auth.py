@@ -15,7 +15,7 @@ The policy comes from ``auth.json`` in the data directory::
                                     "admin": false}}
     }
 
-The uid that runs the broker (the owner) is always admitted, with every sender and
+The uid that owns the data directory (the owner) is always admitted, with every sender and
 operator rights, unless ``uids`` names it: it owns the data directory and could write
 any mail file directly, so refusing it would protect nothing. Every other uid and every
 CURVE key must be listed. Without the file, that is single-user local use as before.
@@ -40,8 +40,12 @@ class Identity:
     senders: tuple[str, ...]  # subject patterns this identity may publish as
     admin: bool = False  # may change config and rules, purge, complete others' messages
 
+    @property
+    def unrestricted(self) -> bool:
+        return ">" in self.senders
+
     def may_send_as(self, sender: str) -> bool:
-        if ">" in self.senders:  # the common, unrestricted case: no matching at all
+        if self.unrestricted:  # the common case: no matching at all
             return True
         return any(matches(sender, pattern) for pattern in self.senders)
 
@@ -99,14 +103,14 @@ class AuthPolicy:
         return key_user(z85_key) if z85_key in self.keys else None
 
     def identity(self, user: str | None) -> Identity | None:
-        """The identity behind a connection's user id; None when it was revoked.
+        """The identity behind a connection's user id; None when it was revoked, and for
+        a message without one (every client socket is under ZAP, so that would mean the
+        handler was bypassed: refuse rather than guess)."""
+        return self._by_user.get(user) if user is not None else None
 
-        ``user`` is None for connections that never went through ZAP (a socket bound
-        without a ZAP domain): those are the owner's by construction.
-        """
-        if user is None:
-            return self.uids[self.owner_uid]
-        return self._by_user.get(user)
+    @property
+    def users(self) -> frozenset[str]:
+        return frozenset(self._by_user)
 
 
 def _object(value: Any, path: str) -> dict[str, Any]:

@@ -398,6 +398,12 @@ def cmd_auth(args: argparse.Namespace) -> int:
     from sdk.curve import create_certificate, server_certificate
 
     home = Home(args.home).create()
+    if os.getuid() != home.owner_uid:  # a file the broker's user could not read
+        print(
+            f"relay auth: run it as the data directory's owner (uid {home.owner_uid})",
+            file=sys.stderr,
+        )
+        return 2
     data = json.loads(home.auth_file.read_text()) if home.auth_file.exists() else {}
     uids, keys = data.setdefault("uids", {}), data.setdefault("keys", {})
     entry = {"name": args.name, "senders": args.sender or [], "admin": args.admin}
@@ -433,12 +439,12 @@ def cmd_auth(args: argparse.Namespace) -> int:
         print(f"{public.decode()}  ({home.server_public_key_file})")
         return 0
     if args.action != "list":
-        AuthPolicy.from_json(data, os.getuid())  # refuse to write what the router would refuse
+        AuthPolicy.from_json(data, home.owner_uid)  # refuse to write what the router would refuse
         _write_private(home.auth_file, json.dumps(data, indent=2) + "\n")
     rows = [(f"uid {u}", v["name"], " ".join(v["senders"]), v["admin"]) for u, v in uids.items()]
     rows += [(f"key {k}", v["name"], " ".join(v["senders"]), v["admin"]) for k, v in keys.items()]
     print(_table(rows, ["who", "name", "may send as", "admin"]))
-    print(f"(uid {os.getuid()}, the broker's owner, is admitted with every right unless listed)")
+    print(f"(uid {home.owner_uid}, the broker's owner, is admitted with every right unless listed)")
     return 0
 
 

@@ -81,6 +81,8 @@ MAX_INFLIGHT_PER_CLIENT = 1024  # requests awaiting a writer, per client
 MAX_COMPACT_ITEMS = 10_000  # per compact_remove request (~0.5 MB of msgpack)
 POLL_MS = 250
 SERVER_NAME = "relay"
+# Signals the router itself emits: a client forging them would mislead every watcher.
+ROUTER_SIGNALS = frozenset({SignalType.DELIVERY_RECEIPT, SignalType.BACKPRESSURE})
 # Operations that change what everyone sees: only identities with "admin" (auth.json).
 ADMIN_OPS = frozenset(
     {
@@ -161,7 +163,7 @@ class Router:
         self._bound: list[str] = []
 
         # Before any client socket binds: libzmq asks it about every handshake.
-        self.auth = AuthPolicy(os.getuid())
+        self.auth = AuthPolicy(self.home.owner_uid)
         self.zap = ZapHandler(self.ctx, lambda: self.auth)
         self.clients = self._socket(zmq.ROUTER)
         self.clients.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -317,7 +319,7 @@ class Router:
 
     # ------------------------------------------------------------------ client side
 
-    def _on_client(self, frames: list[bytes], user: str | None = None) -> None:
+    def _on_client(self, frames: list[bytes], user: str | None) -> None:
         identity, body = frames[0], frames[1:]
         try:
             request = wire.decode_request(body)
@@ -327,7 +329,7 @@ class Router:
         who = self.auth.identity(user)
         if who is None:  # admitted once, revoked since (auth.json changed)
             self._end_session(identity)
-            error = NotAuthorized(f"the credentials of this connection ({user}) were revoked")
+            error = NotAuthorized(f"the credentials of this connection ({user}) are not admitted")
             self._reply_error(identity, request.rid, error)
             return
         session = self.consumers.touch(identity, now_ms(), user)
@@ -390,7 +392,8 @@ class Router:
         sender = self._sender(session, _str(req, "from"))
         reply_to = req.get("replyTo")
         if reply_to is not None:
-            reply_to = validate(_str(req, "replyTo"))
+            # Replies go out under the consumer's name: only to where we may send.
+            reply_to = self._sender(session, _str(req, "replyTo"))
         if "payload" not in req.body:
             raise InvalidMessage("request field 'payload' is missing")
         payload_json = encode_payload(req.get("payload"), limits["maxPayloadBytes"])
@@ -591,16 +594,46 @@ class Router:
         policy (at start: the owner only), so a typo never opens the door."""
         try:
             if (self.home.root / AUTH_FILE).exists():
-                self.auth = AuthPolicy.from_json(self._read_json(AUTH_FILE), os.getuid())
+                policy = AuthPolicy.from_json(self._read_json(AUTH_FILE), self.home.owner_uid)
             else:
-                self.auth = AuthPolicy(os.getuid())
+                policy = AuthPolicy(self.home.owner_uid)
         except RelayError as exc:
             self.file_errors[AUTH_FILE] = str(exc)
             log.error("%s refused, the last good policy stays in force: %s", AUTH_FILE, exc)
             return
+        revoked = self.auth.users - policy.users
+        self.auth = policy
         self.file_errors.pop(AUTH_FILE, None)
-        counts = len(self.auth.uids), len(self.auth.keys)
-        log.info("%s applied: %d uids, %d keys", AUTH_FILE, *counts)
+        log.info("%s applied: %d uids, %d keys", AUTH_FILE, len(policy.uids), len(policy.keys))
+        if revoked:
+            self._rebind_signals()
+        self._open_sockets_to_admitted_uids()
+
+    def _rebind_signals(self) -> None:
+        """Requests are checked one by one, but a SUB connection only at its handshake:
+        drop every signal subscriber so each reconnects (libzmq does, by itself) through
+        ZAP again. Signals are ephemeral; the others miss a few milliseconds of them."""
+        self.signals.unbind(self.signals_address)
+        old = os.umask(0o077)
+        try:
+            # libzmq closes the listener on its I/O thread: the address frees up within
+            # milliseconds, not at once.
+            for _ in range(200):
+                try:
+                    self.signals.bind(self.signals_address)
+                    break
+                except zmq.ZMQError as exc:
+                    if exc.errno != zmq.EADDRINUSE:
+                        raise
+                    time.sleep(0.005)
+            else:
+                log.error("could not rebind %s: signals are down", self.signals_address)
+                return
+        finally:
+            os.umask(old)
+        log.info("signal subscribers dropped to re-check their credentials")
+
+    def _open_sockets_to_admitted_uids(self) -> None:
         # Other uids admitted: their connect(2) must reach ZAP, which is then the gate.
         mode = 0o666 if len(self.auth.uids) > 1 else 0o600
         for address in (self.address, self.signals_address):
@@ -709,6 +742,12 @@ class Router:
 
     def _op_register(self, session: Session, req: wire.Request) -> Any:
         subject = validate(_str(req, "subject"))
+        who = self.auth.identity(session.user)
+        if who is None or not (who.admin or who.may_send_as(subject)):
+            raise NotAuthorized(
+                f"{who.name if who else session.user} may register endpoints only under "
+                "its own sender patterns"
+            )
         info = self.control.register_endpoint(subject, now_ms())
         if subject in self.endpoints:
             return info.to_wire()
@@ -875,6 +914,11 @@ class Router:
         subject = validate(_str(req, "subject"))
         signal_ = Signal.from_wire(req.get("signal"))
         sender = req.get("from")
+        who = self.auth.identity(session.user)
+        if sender is None and not (who and who.unrestricted):
+            raise SenderNotAllowed("a signal from a restricted identity must name its 'from'")
+        if signal_.type in ROUTER_SIGNALS and not (who and who.admin):
+            raise NotAuthorized(f"{signal_.type} signals come from the broker only")
         if sender is not None:
             decision = self.rules.decide(self._sender(session, _str(req, "from")), subject)
             if not decision.allowed:

@@ -24,7 +24,9 @@ class FileWatch:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._inotify = INotify()
-        self._inotify.add_watch(str(directory), iflags.CLOSE_WRITE | iflags.MOVED_TO)
+        # Deletions too: a removed auth.json must stop admitting what it listed.
+        mask = iflags.CLOSE_WRITE | iflags.MOVED_TO | iflags.DELETE | iflags.MOVED_FROM
+        self._inotify.add_watch(str(directory), mask)
 
     def fileno(self) -> int:
         return self._inotify.fileno()

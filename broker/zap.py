@@ -26,15 +26,19 @@ from sdk.curve import server_certificate
 log = logging.getLogger("relay.zap")
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
-DOMAIN = b"relay"
+# One ZAP domain per transport, so a handshake is judged by where it came from: NULL
+# (uid check) only on ipc://, CURVE only on tcp://.
+IPC_DOMAIN, TCP_DOMAIN = b"relay-ipc", b"relay-tcp"
 OK, REFUSED = b"200", b"400"
 
 
 def secure(sock: zmq.Socket, address: str, keys: Path) -> None:
     """Put a client-facing socket under ZAP; on tcp:// also make it a CURVE server
     (its certificate is made in ``keys`` on first use). Call before bind."""
-    sock.zap_domain = DOMAIN
-    if address.startswith("tcp://"):
+    if not address.startswith("tcp://"):
+        sock.zap_domain = IPC_DOMAIN
+    else:
+        sock.zap_domain = TCP_DOMAIN
         public, secret = server_certificate(keys)
         sock.curve_server = True
         sock.curve_publickey = public
@@ -50,16 +54,16 @@ def peer_uid(address: bytes) -> int | None:
 
 
 def decide(
-    mechanism: bytes, address: bytes, credentials: list[bytes], policy: AuthPolicy
+    domain: bytes, mechanism: bytes, address: bytes, credentials: list[bytes], policy: AuthPolicy
 ) -> tuple[bytes, str, str]:
     """(status code, status text, user id) for one handshake."""
-    if mechanism == b"CURVE" and credentials and len(credentials[0]) == 32:
+    if domain == TCP_DOMAIN and mechanism == b"CURVE" and credentials and len(credentials[0]) == 32:
         key = z85.encode(credentials[0]).decode()
         user = policy.admit_key(key)
         if user is None:
             return REFUSED, f"unknown CURVE key {key}", ""
         return OK, "OK", user
-    if mechanism == b"NULL":
+    if domain == IPC_DOMAIN and mechanism == b"NULL":
         uid = peer_uid(address)
         if uid is None:
             return REFUSED, "no peer credentials (only ipc:// peers may connect without a key)", ""
@@ -67,7 +71,11 @@ def decide(
         if user is None:
             return REFUSED, f"uid {uid} is not in the allow-list", ""
         return OK, "OK", user
-    return REFUSED, f"mechanism {mechanism.decode(errors='replace')} is not accepted", ""
+    mechanism_name, domain_name = (
+        mechanism.decode(errors="replace"),
+        domain.decode(errors="replace"),
+    )
+    return REFUSED, f"mechanism {mechanism_name} is not accepted in domain {domain_name}", ""
 
 
 def message_user(frame: zmq.Frame) -> str | None:
@@ -97,8 +105,8 @@ class ZapHandler:
             if len(frames) < 8 or frames[1] != b"" or frames[2] != b"1.0":
                 log.warning("malformed ZAP request dropped")
                 continue
-            address, mechanism = frames[5], frames[7]
-            status, text, user = decide(mechanism, address, frames[8:], self.policy())
+            domain, address, mechanism = frames[4], frames[5], frames[7]
+            status, text, user = decide(domain, mechanism, address, frames[8:], self.policy())
             if status != OK:
                 peer = address.decode(errors="replace")
                 log.warning("connection from %s refused: %s", peer, text)

@@ -47,11 +47,8 @@ DEFAULT_TIMEOUT = 10.0
 HEARTBEAT_S = 1.0
 Handler = Callable[[Envelope], Any]
 _client_numbers = itertools.count(1)  # names each client's inproc socket uniquely
-_HANDSHAKE_FAILED = (
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-)
+# A refusal, not a connection cut mid-handshake (NO_DETAIL: a router restarting).
+_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 SignalHandler = Callable[[str, Signal], Any]
 
 
@@ -115,22 +112,36 @@ class Client:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _io_loop(self) -> None:
+    def _open_dealer(self, poller: zmq.Poller) -> tuple[zmq.Socket, zmq.Socket]:
+        """A DEALER to the router, and the monitor that reports a refused handshake."""
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        if self._curve is not None:
+            self._curve.apply(dealer)
+        refusals = dealer.get_monitor_socket(_REFUSED)
+        dealer.connect(self.address)
+        poller.register(dealer, zmq.POLLIN)
+        poller.register(refusals, zmq.POLLIN)
+        return dealer, refusals
+
+    @staticmethod
+    def _close_dealer(poller: zmq.Poller, dealer: zmq.Socket, refusals: zmq.Socket) -> None:
+        for sock in (dealer, refusals):
+            poller.unregister(sock)
+        dealer.disable_monitor()
+        refusals.close(0)
+        dealer.close(0)
+
+    def _io_loop(self) -> None:
+        poller = zmq.Poller()
+        dealer, refusals = self._open_dealer(poller)
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         if self._curve is not None:
-            self._curve.apply(dealer)
             self._curve.apply(sub)
-        handshakes = dealer.get_monitor_socket(_HANDSHAKE_FAILED)
-        dealer.connect(self.address)
         self._sub_socket = sub
-        poller = zmq.Poller()
-        poller.register(dealer, zmq.POLLIN)
         poller.register(self._outbox_in, zmq.POLLIN)
         poller.register(sub, zmq.POLLIN)
-        poller.register(handshakes, zmq.POLLIN)
         self._io_ready.set()
         next_ping = time.monotonic() + HEARTBEAT_S
         try:
@@ -140,8 +151,13 @@ class Client:
                         self._forward(self._outbox_in, dealer, sub)
                     elif sock is dealer:
                         self._receive(dealer)
-                    elif sock is handshakes:
-                        self._handshake_failed(recv_monitor_message(handshakes))
+                    elif sock is refusals:
+                        self._refuse(recv_monitor_message(refusals))
+                        # A fresh socket: the refused one would send what it queued
+                        # if a later handshake passed, after we reported it failed.
+                        self._close_dealer(poller, dealer, refusals)
+                        dealer, refusals = self._open_dealer(poller)
+                        break
                     else:
                         self._receive_signals(sub)
                 # Always, not only while subscribed: a message being handled after an
@@ -153,9 +169,7 @@ class Client:
                     next_ping = now + HEARTBEAT_S
                     self._expire(now)
         finally:
-            dealer.disable_monitor()
-            handshakes.close(0)
-            dealer.close(0)
+            self._close_dealer(poller, dealer, refusals)
             sub.close(0)
             self._outbox_in.close(0)
 
@@ -167,9 +181,9 @@ class Client:
                 error = f"no reply from the broker at {self.address} within the deadline"
                 self._fail(rid, Timeout(error))
 
-    def _handshake_failed(self, event: dict[str, Any]) -> None:
-        """The broker refused our credentials (ZAP): fail what waits, now, not at the
-        deadline. libzmq keeps retrying; a later success clears nothing we need."""
+    def _refuse(self, event: dict[str, Any]) -> None:
+        """The broker refused our credentials (ZAP): fail what waits now, not at the
+        deadline. Requests sent later go to a new socket and may succeed (a key added)."""
         how = "refused" if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH else "failed"
         key = "with a CURVE key" if self._curve else "without a key (uid check)"
         self._refused = NotAuthorized(
@@ -665,7 +679,7 @@ def connect(
     address = address or where.router_address
     curve = None
     key_file = key_file or os.environ.get("RELAY_KEY_FILE")
-    if key_file:
+    if key_file and address.startswith("tcp://"):  # ipc:// checks the uid instead
         server_key = server_key or os.environ.get("RELAY_SERVER_KEY")
         curve = client_keys(key_file, server_key or where.server_public_key_file)
     return Client(address, timeout=timeout, curve=curve)

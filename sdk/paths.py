@@ -38,6 +38,11 @@ class Home:
         return self
 
     @property
+    def owner_uid(self) -> int:
+        """The uid that owns the data directory: the broker's user."""
+        return self.root.stat().st_uid
+
+    @property
     def run(self) -> Path:
         return self.root / "run"
 

@@ -28,7 +28,9 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def signals_flowing(client: Client, subject: str, timeout: float = 10.0) -> None:
+def signals_flowing(
+    client: Client, subject: str, timeout: float = 10.0, sender: str | None = None
+) -> None:
     """Return once signals on subject reach client: a ZeroMQ subscription takes effect a
     moment after on_signal, so send probe signals until one comes back."""
     from sdk.types import Signal, SignalType
@@ -38,7 +40,7 @@ def signals_flowing(client: Client, subject: str, timeout: float = 10.0) -> None
     probe = Signal(SignalType.PRESENCE, "probe", subject, 0)
     try:
         wait_for(
-            lambda: client.signal(subject, probe) or seen,
+            lambda: client.signal(subject, probe, sender=sender) or seen,
             timeout,
             interval=0.05,
             what=f"signals on {subject} to flow",

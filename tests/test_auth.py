@@ -9,7 +9,7 @@ from zmq.utils import z85
 
 from broker.auth import AuthPolicy, Identity, key_user, uid_user
 from broker.consumers import Consumers
-from broker.zap import OK, REFUSED, decide, peer_uid
+from broker.zap import IPC_DOMAIN, OK, REFUSED, TCP_DOMAIN, decide, peer_uid
 from sdk.errors import InvalidConfig
 
 OWNER = 1000
@@ -30,8 +30,9 @@ def test_without_a_file_only_the_owner_is_admitted_with_every_right():
     assert owner.admin and owner.may_send_as("any.sender.at.all")
 
 
-def test_a_socket_without_zap_counts_as_the_owner():
-    assert AuthPolicy(OWNER).identity(None).admin
+def test_a_message_without_a_zap_user_id_has_no_identity():
+    # Every client socket is under ZAP; a message without a user id means it was bypassed.
+    assert AuthPolicy(OWNER).identity(None) is None
 
 
 def test_listed_uids_and_keys_get_their_senders_and_no_admin_by_default():
@@ -96,29 +97,38 @@ def test_peer_uid_is_read_from_the_ipc_peer_address(address, uid):
 
 def test_zap_admits_the_owner_on_ipc_and_refuses_other_uids():
     p = AuthPolicy(OWNER)
-    assert decide(b"NULL", b"localhost:1000:1000:7", [], p) == (OK, "OK", "uid:1000")
-    status, text, user = decide(b"NULL", b"localhost:1001:1001:7", [], p)
+    assert decide(IPC_DOMAIN, b"NULL", b"localhost:1000:1000:7", [], p) == (OK, "OK", "uid:1000")
+    status, text, user = decide(IPC_DOMAIN, b"NULL", b"localhost:1001:1001:7", [], p)
     assert (status, user) == (REFUSED, "") and "uid 1001" in text
 
 
 def test_zap_refuses_null_without_peer_credentials():
     # tcp:// sockets are CURVE servers; a NULL handshake there has no uid to check.
-    status, text, _ = decide(b"NULL", b"127.0.0.1", [], AuthPolicy(OWNER))
+    status, text, _ = decide(IPC_DOMAIN, b"NULL", b"127.0.0.1", [], AuthPolicy(OWNER))
     assert status == REFUSED and "no peer credentials" in text
+
+
+def test_zap_judges_each_mechanism_only_in_its_transports_domain():
+    p = policy(keys={KEY: {"senders": [">"]}})
+    # An address that merely looks like it carries a uid does not count on tcp://.
+    assert decide(TCP_DOMAIN, b"NULL", b"fd00::1000:0:1", [], p)[0] == REFUSED
+    assert decide(IPC_DOMAIN, b"CURVE", b"", [z85.decode(PUBLIC)], p)[0] == REFUSED
+    assert decide(b"other", b"NULL", b"localhost:1000:1000:7", [], p)[0] == REFUSED
 
 
 def test_zap_admits_known_curve_keys_only():
     p = policy(keys={KEY: {"senders": [">"]}})
-    assert decide(b"CURVE", b"127.0.0.1", [z85.decode(PUBLIC)], p) == (OK, "OK", f"key:{KEY}")
+    curve = decide(TCP_DOMAIN, b"CURVE", b"127.0.0.1", [z85.decode(PUBLIC)], p)
+    assert curve == (OK, "OK", f"key:{KEY}")
     other, _ = zmq.curve_keypair()
-    status, text, _ = decide(b"CURVE", b"127.0.0.1", [z85.decode(other)], p)
+    status, text, _ = decide(TCP_DOMAIN, b"CURVE", b"127.0.0.1", [z85.decode(other)], p)
     assert status == REFUSED and other.decode() in text
 
 
 def test_zap_refuses_plain_and_malformed_curve():
     p = AuthPolicy(OWNER)
-    assert decide(b"PLAIN", b"localhost:1000:1000:1", [b"u", b"p"], p)[0] == REFUSED
-    assert decide(b"CURVE", b"127.0.0.1", [b"short"], p)[0] == REFUSED
+    assert decide(IPC_DOMAIN, b"PLAIN", b"localhost:1000:1000:1", [b"u", b"p"], p)[0] == REFUSED
+    assert decide(TCP_DOMAIN, b"CURVE", b"127.0.0.1", [b"short"], p)[0] == REFUSED
 
 
 def test_a_routing_id_reused_with_other_credentials_starts_a_fresh_session():
@@ -128,3 +138,9 @@ def test_a_routing_id_reused_with_other_credentials_starts_a_fresh_session():
     assert consumers.sessions[b"id"].subs
     fresh = consumers.touch(b"id", 2, "key:other")
     assert fresh.user == "key:other" and not fresh.subs and not consumers.subs
+
+
+def test_every_admin_operation_is_a_real_operation():
+    from broker.router import ADMIN_OPS, Router
+
+    assert Router._ops.keys() >= ADMIN_OPS

@@ -88,13 +88,49 @@ def test_a_listed_curve_key_publishes_as_its_senders_only(tcp_broker):
     assert sum(e["depth"] for e in status["endpoints"]) == 1
 
 
-def test_a_non_admin_key_cannot_change_config_or_rules(tcp_broker):
+ADMIN_REQUESTS = {
+    "set_config": {"config": {"rateLimit": {"maxPerWindow": 1}}},
+    "add_rule": {"rule": {"from": ">", "to": ">", "action": "deny"}},
+    "remove_rule": {"from": ">", "to": ">"},
+    "unregister": {"subject": f"{PROJ_A}.inbox"},
+    "purge_dead_letters": {},
+    "rebuild_index": {},
+    "compact_remove": {"items": []},
+    "complete": {"id": "01JDQ3ZV9R6Q4W1T3M5N7P8K2A", "endpoint": f"{PROJ_A}.inbox"},
+    "fail": {"id": "01JDQ3ZV9R6Q4W1T3M5N7P8K2A", "endpoint": f"{PROJ_A}.inbox"},
+    "requeue": {"id": "01JDQ3ZV9R6Q4W1T3M5N7P8K2A", "endpoint": f"{PROJ_A}.inbox"},
+}
+
+
+def test_every_operator_operation_is_refused_to_a_non_admin_key(tcp_broker):
+    from broker.router import ADMIN_OPS
+
+    assert ADMIN_REQUESTS.keys() == ADMIN_OPS
     client = tcp_broker.client(key_file=tcp_broker.home.keys / "projA.key_secret")
-    with pytest.raises(NotAuthorized, match="set_config"):
-        client.set_config({"rateLimit": {"maxPerWindow": 1}})
-    with pytest.raises(NotAuthorized, match="purge_dead_letters"):
-        client.purge_dead_letters()
+    for op, fields in ADMIN_REQUESTS.items():
+        with pytest.raises(NotAuthorized, match=op):
+            client.request(op, **fields).result(10)
     assert client.get_config()["rateLimit"]["maxPerWindow"] != 1  # reading is fine
+
+
+def test_a_restricted_key_registers_and_replies_only_within_its_senders(tcp_broker):
+    client = tcp_broker.client(key_file=tcp_broker.home.keys / "projA.key_secret")
+    client.register_endpoint(f"{PROJ_A}.inbox")
+    with pytest.raises(NotAuthorized, match="register endpoints only under"):
+        client.register_endpoint("relay.agent.other.inbox")
+    with pytest.raises(SenderNotAllowed):
+        client.publish(f"{PROJ_A}.inbox", 1, sender=f"{PROJ_A}.me", reply_to="relay.agent.victim")
+
+
+def test_a_restricted_key_cannot_send_anonymous_or_broker_signals(tcp_broker):
+    client = tcp_broker.client(key_file=tcp_broker.home.keys / "projA.key_secret")
+    typing = Signal(SignalType.TYPING, "active", f"{PROJ_A}.inbox", 0)
+    with pytest.raises(SenderNotAllowed, match="must name its 'from'"):
+        client.signal(f"{PROJ_A}.inbox", typing)
+    receipt = Signal(SignalType.DELIVERY_RECEIPT, "done", f"{PROJ_A}.inbox", 0)
+    with pytest.raises(NotAuthorized, match="from the broker only"):
+        client.signal(f"{PROJ_A}.inbox", receipt, sender=f"{PROJ_A}.me")
+    client.signal(f"{PROJ_A}.inbox", typing, sender=f"{PROJ_A}.me")  # its own: fine
 
 
 def test_an_unknown_curve_key_is_refused_at_the_handshake(tcp_broker, tmp_path):
@@ -114,23 +150,42 @@ def test_a_client_without_a_key_cannot_talk_to_a_tcp_broker(tcp_broker):
 
 def test_signals_flow_over_curve(tcp_broker):
     client = tcp_broker.client(key_file=tcp_broker.home.keys / "projA.key_secret")
-    signals_flowing(client, f"{PROJ_A}.inbox")
+    signals_flowing(client, f"{PROJ_A}.inbox", sender=f"{PROJ_A}.me")
 
 
-def test_removing_a_key_revokes_the_open_connection(tcp_broker):
+def test_removing_a_key_revokes_the_open_connection_and_its_signals(tcp_broker):
+    admin = tcp_broker.client()
     client = tcp_broker.client(key_file=tcp_broker.home.keys / "projA.key_secret")
-    client.list_endpoints()
+    subject = f"{PROJ_A}.inbox"
+    signals_flowing(client, subject, sender=f"{PROJ_A}.me")
+    seen: list[str] = []
+    client.on_signal(subject, lambda _subject, signal: seen.append(signal.state))
     result = tcp_broker.relay("auth", "remove", "projA")
     assert result.returncode == 0, result.stderr
 
     def revoked() -> bool:
         try:
             client.list_endpoints()
-        except NotAuthorized:
+        except NotAuthorized as exc:
+            assert "are not admitted" in str(exc)  # the open connection, not a reconnect
             return True
         return False
 
     wait_for(revoked, 10, what="the removed key to be refused")
+    # Its signal connection was dropped and cannot come back: the admin's probes, which
+    # the admin sees arrive, never reach it.
+    probes: list[str] = []
+    admin.on_signal(subject, lambda _subject, signal: probes.append(signal.state))
+    wait_for(
+        lambda: (
+            admin.signal(subject, Signal(SignalType.PRESENCE, "after", subject, 0))
+            or len(probes) >= 3
+        ),
+        10,
+        interval=0.05,
+        what="the admin's probes",
+    )
+    assert "after" not in seen
 
 
 def test_the_owners_senders_can_be_restricted_and_it_applies_at_once(broker):
@@ -152,6 +207,23 @@ def test_the_owners_senders_can_be_restricted_and_it_applies_at_once(broker):
         client.signal("relay.agent.a.inbox", typing, sender="relay.agent.b.x")
     with pytest.raises(NotAuthorized):
         client.add_rule(AccessRule("relay.agent.b.>", "relay.agent.a.>", RuleAction.DENY))
+
+
+def test_deleting_auth_json_returns_to_owner_only_defaults(broker):
+    client = broker.client()
+    client.register_endpoint("relay.agent.a.inbox")
+    write_auth(broker, {"uids": {str(os.getuid()): {"senders": ["relay.agent.a.>"]}}})
+    wait_for(
+        lambda: refused(lambda: client.publish("relay.agent.a.inbox", 1, sender="relay.b.x")),
+        10,
+        what="auth.json to apply",
+    )
+    broker.home.auth_file.unlink()
+    wait_for(
+        lambda: not refused(lambda: client.publish("relay.agent.a.inbox", 2, sender="relay.b.x")),
+        10,
+        what="the deletion to apply",
+    )
 
 
 def test_a_broken_auth_file_keeps_the_last_good_policy(broker):
