@@ -28,7 +28,7 @@ from typing import Any
 import zmq
 
 from broker import consumers as cons
-from broker.auth import AuthPolicy
+from broker.auth import AuthPolicy, Identity
 from broker.budget import clamp
 from broker.consumers import Consumers, EndpointQueue, Session
 from broker.control import ControlPlane
@@ -158,6 +158,7 @@ class Router:
         # Copies decided while reading the client socket, per shard, sent after the pass.
         self._outgoing: dict[int, list[tuple[proto.DeliveryHeader, bytes]]] = {}
         self.writers: dict[int, int] = {}  # shard -> pid, from hello
+        self._replies: dict[bytes, list[bytes]] = {}  # client -> reply bodies to batch
         self._tokens = itertools.count(1)
         self.started_at = now_ms()
         self._bound: list[str] = []
@@ -254,6 +255,7 @@ class Router:
                 self._sweep(now)
                 self.rejections.flush_due(now)
                 next_sweep = now + POLL_MS
+            self._flush_replies()
 
     @staticmethod
     def _drain(sock: zmq.Socket, handle: Callable[[list[bytes]], None], limit: int = 1000) -> None:
@@ -322,7 +324,7 @@ class Router:
     def _on_client(self, frames: list[bytes], user: str | None) -> None:
         identity, body = frames[0], frames[1:]
         try:
-            request = wire.decode_request(body)
+            requests = wire.decode_requests(body)
         except RelayError as exc:
             self._reply_error(identity, wire.peek_rid(body), exc)
             return
@@ -330,9 +332,18 @@ class Router:
         if who is None:  # admitted once, revoked since (auth.json changed)
             self._end_session(identity)
             error = NotAuthorized(f"the credentials of this connection ({user}) are not admitted")
-            self._reply_error(identity, request.rid, error)
+            for request in requests:
+                self._reply_error(identity, request.rid, error)
             return
         session = self.consumers.touch(identity, now_ms(), user)
+        session.batches = session.batches or wire.is_batch(body[1])
+        for request in requests:
+            if isinstance(request, wire.BadRequest):
+                self._reply_error(identity, request.rid, request.error)
+            else:
+                self._handle(session, who, request)
+
+    def _handle(self, session: Session, who: Identity, request: wire.Request) -> None:
         handler = self._ops.get(request.op)
         try:
             if handler is None:
@@ -341,18 +352,49 @@ class Router:
                 raise NotAuthorized(f"{request.op!r} needs operator rights; {who.name} has none")
             result = handler(self, session, request)
         except RelayError as exc:
-            self._reply_error(identity, request.rid, exc)
+            self._reply_error(session.identity, request.rid, exc)
             return
         except Exception as exc:  # a bug here must cost one reply, not the router
             log.exception("operation %s failed", request.op)
-            self._reply_error(identity, request.rid, RelayError(f"internal error: {exc}"))
+            error = RelayError(f"internal error: {exc}")
+            self._reply_error(session.identity, request.rid, error)
             return
         if result is not _DEFERRED:
-            self._send(identity, wire.encode_ok(request.rid, result))
+            self._reply(session.identity, wire.ok_body(request.rid, result))
+
+    def _reply(self, identity: bytes, body: bytes) -> None:
+        """Replies to a client that batches wait for the end of this loop iteration and
+        leave as one frame; others leave at once."""
+        session = self.consumers.sessions.get(identity)
+        if session is not None and session.batches:
+            self._replies.setdefault(identity, []).append(body)
+        else:
+            self._send(identity, [wire.MAGIC, body])
+
+    def _flush_replies(self, only: bytes | None = None) -> None:
+        identities = [only] if only is not None else list(self._replies)
+        for identity in identities:
+            bodies = self._replies.pop(identity, None)
+            if not bodies:
+                continue
+            if len(bodies) == 1:
+                self._send(identity, [wire.MAGIC, bodies[0]])
+                continue
+            for start in range(0, len(bodies), wire.MAX_BATCH):
+                if not self._send(
+                    identity, [wire.MAGIC, wire.batch(bodies[start : start + wire.MAX_BATCH])]
+                ):
+                    break
+
+    def _push(self, identity: bytes, frames: list[bytes]) -> bool:
+        """A message for a subscription: after the replies queued before it (a subscribe
+        reply must reach the client before the backlog it announces)."""
+        self._flush_replies(identity)
+        return self._send(identity, frames)
 
     def _send(self, identity: bytes, frames: list[bytes]) -> bool:
         try:
-            self.clients.send_multipart([identity, *frames], zmq.NOBLOCK, copy=False)
+            self.clients.send_multipart([identity, *frames], zmq.NOBLOCK)
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the client is gone; EAGAIN: not reading
             log.info("client %s unreachable (%s): session ended", identity.hex(), exc)
@@ -360,7 +402,7 @@ class Router:
             return False
 
     def _reply_error(self, identity: bytes, rid: int, error: RelayError) -> None:
-        self._send(identity, wire.encode_error(rid, error))
+        self._reply(identity, wire.error_body(rid, error))
 
     def _end_session(self, identity: bytes) -> None:
         self.consumers.end_session(identity)
@@ -374,6 +416,7 @@ class Router:
             "signals": self.signals_address,
             "shards": self.shards,
             "limits": dict(self.config["limits"]),
+            "batch": wire.MAX_BATCH,  # requests per frame this broker accepts
         }
 
     def _op_ping(self, session: Session, req: wire.Request) -> Any:
@@ -815,7 +858,7 @@ class Router:
         sub = self.consumers.subscribe(session.identity, pattern, mode, credit, now_ms())
         if mode == cons.CONSUME:
             # The reply goes out first, then the backlog (pushes follow in order).
-            self._send(session.identity, wire.encode_ok(req.rid, {"sub": sub.id}))
+            self._reply(session.identity, wire.ok_body(req.rid, {"sub": sub.id}))
             for endpoint in sorted(self._endpoints_matching(pattern)):
                 self._dispatch(endpoint)
             return _DEFERRED
@@ -1282,7 +1325,7 @@ class Router:
             return
         if data is not None:
             for sub in self.consumers.observers(info.subject):
-                self._send(sub.client, wire.encode_push(sub.id, message_id, endpoint, data))
+                self._push(sub.client, wire.encode_push(sub.id, message_id, endpoint, data))
         self._dispatch(endpoint)
 
     def _dispatch(self, endpoint: str) -> None:
@@ -1334,7 +1377,7 @@ class Router:
             self._put_back(message_id, endpoint)
             return
         push = wire.encode_push(sub.id, message_id, endpoint, data or b"")
-        if not self._send(sub.client, push):
+        if not self._push(sub.client, push):
             # Its client is gone (the push found no peer): the message was never handed
             # out, so it goes back to new/ rather than stay claimed by nobody.
             self._put_back(message_id, endpoint)
@@ -1379,7 +1422,7 @@ class Router:
         except RelayError as exc:
             self._reply_error(job.client, job.rid, exc)
             return
-        self._send(job.client, wire.encode_ok(job.rid, result))
+        self._reply(job.client, wire.ok_body(job.rid, result))
 
 
 _DEFERRED = object()  # the reply is sent later, when the writers have answered

@@ -18,7 +18,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -94,12 +94,14 @@ class Client:
         self._outbox.connect(self._outbox_addr)
         self._signal_queue: queue.Queue = queue.Queue()
         self._refused: NotAuthorized | None = None  # the broker refused our handshake
+        self._batch_limit = 1  # requests per frame; the broker's hello may raise it
         self._io = threading.Thread(target=self._io_loop, name="relay-client-io", daemon=True)
         self._io_ready = threading.Event()
         self._io.start()
         self._io_ready.wait(5)
         try:
             self.server = self._call("hello", client=f"python-sdk/{os.getpid()}")
+            self._batch_limit = max(1, min(int(self.server.get("batch", 1)), wire.MAX_BATCH))
         except RelayError as exc:
             self.close()
             if not isinstance(exc, Timeout) or self._refused:
@@ -201,23 +203,30 @@ class Client:
             future.set_exception(error)
 
     def _forward(self, outbox: zmq.Socket, dealer: zmq.Socket, sub: zmq.Socket) -> None:
+        """Move what callers queued to the sockets. Requests queued together leave
+        together, as one batch frame when the broker takes batches: under load that is
+        one ZeroMQ message, and one reply frame back, for many publishes."""
+        batch: list[tuple[int, bytes]] = []  # (rid, body)
         while True:
             try:
-                frames = outbox.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = outbox.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return
-            kind = frames[0].bytes
+                break
+            kind = frames[0]
             if kind == b"R":  # a request: [R, rid, magic, body]
-                try:
-                    dealer.send_multipart(frames[2:], zmq.NOBLOCK, copy=False)
-                except zmq.Again:  # the queue to an unreachable broker is full
-                    rid = int.from_bytes(frames[1].bytes, "big")
-                    error = f"broker at {self.address} unreachable: its send queue is full"
-                    self._fail(rid, Unavailable(error))
+                batch.append((int.from_bytes(frames[1], "big"), frames[3]))
             elif kind == b"C":  # connect the signal socket
-                sub.connect(frames[1].bytes.decode())
+                sub.connect(frames[1].decode())
             elif kind == b"S":  # subscribe the signal socket to a prefix
-                sub.setsockopt(zmq.SUBSCRIBE, frames[1].bytes)
+                sub.setsockopt(zmq.SUBSCRIBE, frames[1])
+        for chunk in _chunks(batch, self._batch_limit):
+            body = chunk[0][1] if len(chunk) == 1 else wire.batch([b for _, b in chunk])
+            try:
+                dealer.send_multipart([wire.MAGIC, body], zmq.NOBLOCK)
+            except zmq.Again:  # the queue to an unreachable broker is full
+                error = f"broker at {self.address} unreachable: its send queue is full"
+                for rid, _ in chunk:
+                    self._fail(rid, Unavailable(error))
 
     def _receive(self, dealer: zmq.Socket) -> None:
         while True:
@@ -226,35 +235,39 @@ class Client:
             except zmq.Again:
                 return
             try:
-                incoming = wire.decode_incoming(frames)
+                items = wire.decode_incoming_all(frames)
             except RelayError:
                 log.warning("undecodable frames from the broker dropped")
                 continue
-            if isinstance(incoming, wire.Push):
-                worker = self._subs.get(incoming.sub)
-                if worker is not None:
-                    worker.queue.put(
-                        Delivery(incoming.sub, incoming.id, incoming.endpoint, incoming.data)
-                    )
-                continue
-            self._deadlines.pop(incoming.rid, None)
-            future = self._futures.pop(incoming.rid, None) if incoming.rid else Future()
-            if future is None or future.cancelled():  # the caller gave up on it
-                continue
-            worker = self._pending_subs.pop(incoming.rid, None)
-            if worker is not None and incoming.ok:
-                # Registered here, on the I/O thread, before the backlog pushes that
-                # follow the reply are read.
-                worker.sub = incoming.result["sub"]
-                self._subs[worker.sub] = worker
-                worker.start()
-            if incoming.rid == 0 and incoming.ok:
-                self._check_subscriptions(incoming.result)
-                continue
-            if incoming.ok:
-                future.set_result(incoming.result)
-            else:
-                future.set_exception(incoming.error)
+            for incoming in items:
+                self._take(incoming)
+
+    def _take(self, incoming: wire.Reply | wire.Push) -> None:
+        if isinstance(incoming, wire.Push):
+            worker = self._subs.get(incoming.sub)
+            if worker is not None:
+                worker.queue.put(
+                    Delivery(incoming.sub, incoming.id, incoming.endpoint, incoming.data)
+                )
+            return
+        self._deadlines.pop(incoming.rid, None)
+        future = self._futures.pop(incoming.rid, None) if incoming.rid else Future()
+        if future is None or future.cancelled():  # the caller gave up on it
+            return
+        worker = self._pending_subs.pop(incoming.rid, None)
+        if worker is not None and incoming.ok:
+            # Registered here, on the I/O thread, before the backlog pushes that
+            # follow the reply are read.
+            worker.sub = incoming.result["sub"]
+            self._subs[worker.sub] = worker
+            worker.start()
+        if incoming.rid == 0 and incoming.ok:
+            self._check_subscriptions(incoming.result)
+            return
+        if incoming.ok:
+            future.set_result(incoming.result)
+        else:
+            future.set_exception(incoming.error)
 
     def _check_subscriptions(self, pong: Any) -> None:
         """The heartbeat's reply lists the subscriptions the router holds for us. One of
@@ -658,6 +671,24 @@ class _SubscriptionWorker:
             log.warning("handler failed on %s: %r", delivery.id, exc)
             return f"handler error: {type(exc).__name__}: {exc}"[:1000]
         return None
+
+
+BATCH_BYTES = 4 * 1024 * 1024  # well under the broker's 16 MiB request body limit
+
+
+def _chunks(requests: list[tuple[int, bytes]], limit: int) -> Iterator[list[tuple[int, bytes]]]:
+    """Runs of at most ``limit`` requests and about `BATCH_BYTES` (one larger request
+    goes alone)."""
+    chunk: list[tuple[int, bytes]] = []
+    size = 0
+    for request in requests:
+        if chunk and (len(chunk) >= limit or size + len(request[1]) > BATCH_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(request)
+        size += len(request[1])
+    if chunk:
+        yield chunk
 
 
 def connect(

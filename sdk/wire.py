@@ -2,9 +2,12 @@
 
 See docs/protocol.md for the specification this module implements. A request is two
 ZeroMQ frames, ``[MAGIC, msgpack map]``; a reply is ``[MAGIC, msgpack map]``; a pushed
-message is ``[MAGIC, msgpack map, stored message bytes]``. The router decodes with
-`decode_request`, which never raises anything but a `RelayError` subclass, so one
-malformed frame costs one error reply and nothing else.
+message is ``[MAGIC, msgpack map, stored message bytes]``. A client that the broker's
+``hello`` told ``batch: true`` may put up to `MAX_BATCH` requests in one frame as a
+msgpack array of maps, and then gets its replies batched the same way: one frame, and
+one trip through ZeroMQ, for many messages. The router decodes with `decode_requests`,
+which never raises anything but a `RelayError` subclass, so one malformed frame costs
+one error reply and nothing else.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ MAGIC_PREFIX = b"RLY"
 # (config limits.maxPayloadBytes, 1 MiB by default); this bound stops a client from
 # making the router unpack arbitrarily large or deep structures.
 MAX_BODY_BYTES = 16 * 1024 * 1024
+MAX_BATCH = 1024  # requests (or replies) in one batch frame
 _UNPACK_LIMITS = {
     "max_str_len": MAX_BODY_BYTES,
     "max_bin_len": MAX_BODY_BYTES,
@@ -115,8 +119,43 @@ def _check_magic(frame: bytes) -> None:
     raise MalformedFrame(f"first frame must be {MAGIC!r}, got {frame[:16]!r}")
 
 
+@dataclass(frozen=True, slots=True)
+class BadRequest:
+    """An item of a batch that is not a request: answered with ``error`` under ``rid``."""
+
+    rid: int
+    error: RelayError
+
+
 def decode_request(frames: Sequence[bytes]) -> Request:
     """Parse a client request; raise a RelayError naming what is wrong with it."""
+    return request_of(_decode_body(frames))
+
+
+def decode_requests(frames: Sequence[bytes]) -> list[Request | BadRequest]:
+    """Parse a request frame holding one request or a batch of them. A broken frame
+    raises; a broken item of a good batch is a `BadRequest` among the others."""
+    body = _decode_body(frames)
+    if not isinstance(body, list):
+        return [request_of(body)]
+    if not 0 < len(body) <= MAX_BATCH:
+        raise MalformedFrame(f"a batch holds 1 to {MAX_BATCH} requests, got {len(body)}")
+    requests: list[Request | BadRequest] = []
+    for item in body:
+        rid = _rid_of(item)  # before request_of takes the map apart
+        try:
+            requests.append(request_of(item))
+        except RelayError as exc:
+            requests.append(BadRequest(rid, exc))
+    return requests
+
+
+def is_batch(body: bytes) -> bool:
+    """Whether a (well-formed) request body is a msgpack array: a batch."""
+    return bool(body) and (body[0] & 0xF0 == 0x90 or body[0] in (0xDC, 0xDD))
+
+
+def _decode_body(frames: Sequence[bytes]) -> Any:
     if len(frames) != 2:
         raise MalformedFrame(f"a request has 2 frames, got {len(frames)}")
     _check_magic(frames[0])
@@ -125,9 +164,12 @@ def decode_request(frames: Sequence[bytes]) -> Request:
             f"request body of {len(frames[1])} bytes exceeds the {MAX_BODY_BYTES} byte limit"
         )
     try:
-        body = unpackb(frames[1])
+        return unpackb(frames[1])
     except Exception as exc:  # msgpack raises many unrelated types on bad input
         raise MalformedFrame(f"request body is not valid msgpack: {exc}") from None
+
+
+def request_of(body: Any) -> Request:
     if not isinstance(body, dict):
         raise MalformedFrame(f"request body must be a map, got {type(body).__name__}")
     rid = body.pop("rid", None)
@@ -142,19 +184,42 @@ def decode_request(frames: Sequence[bytes]) -> Request:
 def peek_rid(frames: Sequence[bytes]) -> int:
     """Best-effort request id of a request that failed to decode (0 when unknown)."""
     try:
-        body = unpackb(frames[1])
-        rid = body.get("rid", 0) if isinstance(body, dict) else 0
-        return rid if isinstance(rid, int) and not isinstance(rid, bool) and rid >= 0 else 0
+        return _rid_of(unpackb(frames[1]))
     except Exception:
         return 0
 
 
+def _rid_of(body: Any) -> int:
+    rid = body.get("rid", 0) if isinstance(body, dict) else 0
+    return rid if isinstance(rid, int) and not isinstance(rid, bool) and 0 <= rid < 2**63 else 0
+
+
+def ok_body(rid: int, result: Any = None) -> bytes:
+    return packb({"rid": rid, "ok": True, "result": result})
+
+
+def error_body(rid: int, error: RelayError) -> bytes:
+    return packb({"rid": rid, "ok": False, "error": error.to_wire()})
+
+
 def encode_ok(rid: int, result: Any = None) -> list[bytes]:
-    return [MAGIC, packb({"rid": rid, "ok": True, "result": result})]
+    return [MAGIC, ok_body(rid, result)]
 
 
 def encode_error(rid: int, error: RelayError) -> list[bytes]:
-    return [MAGIC, packb({"rid": rid, "ok": False, "error": error.to_wire()})]
+    return [MAGIC, error_body(rid, error)]
+
+
+def batch(bodies: Sequence[bytes]) -> bytes:
+    """One frame holding already-packed maps as a msgpack array: no re-encoding."""
+    n = len(bodies)
+    if n < 16:
+        header = bytes((0x90 | n,))
+    elif n < 2**16:
+        header = b"\xdc" + n.to_bytes(2, "big")
+    else:
+        header = b"\xdd" + n.to_bytes(4, "big")
+    return header + b"".join(bodies)
 
 
 def encode_push(sub: int, message_id: str, endpoint: str, data: bytes) -> list[bytes]:
@@ -164,6 +229,14 @@ def encode_push(sub: int, message_id: str, endpoint: str, data: bytes) -> list[b
 
 def decode_incoming(frames: Sequence[bytes]) -> Reply | Push:
     """Parse what a client receives from the router: a reply or a pushed message."""
+    incoming = decode_incoming_all(frames)
+    if len(incoming) != 1:
+        raise MalformedFrame(f"expected one reply, got a batch of {len(incoming)}")
+    return incoming[0]
+
+
+def decode_incoming_all(frames: Sequence[bytes]) -> list[Reply | Push]:
+    """What a client receives: a reply, a pushed message, or a batch of replies."""
     if len(frames) not in (2, 3):
         raise MalformedFrame(f"expected 2 or 3 frames from the broker, got {len(frames)}")
     _check_magic(frames[0])
@@ -171,10 +244,18 @@ def decode_incoming(frames: Sequence[bytes]) -> Reply | Push:
         header = unpackb(frames[1])
     except Exception as exc:
         raise MalformedFrame(f"broker frame is not valid msgpack: {exc}") from None
+    if isinstance(header, list) and len(frames) == 2:
+        return [_reply_of(item) for item in header]
     if not isinstance(header, dict):
         raise MalformedFrame("broker frame must be a map")
     if header.get("push") == "message" and len(frames) == 3:
-        return Push(header["sub"], header["id"], header["endpoint"], frames[2])
+        return [Push(header["sub"], header["id"], header["endpoint"], frames[2])]
+    return [_reply_of(header)]
+
+
+def _reply_of(header: Any) -> Reply:
+    if not isinstance(header, dict):
+        raise MalformedFrame("a reply must be a map")
     if header.get("ok"):
         return Reply(rid=header["rid"], ok=True, result=header.get("result"))
     err = header.get("error") or {}

@@ -144,7 +144,7 @@ def raw_request(broker, *frames: bytes) -> dict:
     [
         ([b"garbage"], "malformed_frame"),
         ([wire.MAGIC, b"\xc1\xc1\xc1"], "malformed_frame"),
-        ([wire.MAGIC, wire.packb([1, 2, 3])], "malformed_frame"),
+        ([wire.MAGIC, wire.packb(42)], "malformed_frame"),
         ([wire.MAGIC, wire.packb({"op": "publish"})], "malformed_frame"),
         ([b"RLY9", wire.packb({"op": "ping", "rid": 1})], "unsupported_version"),
         ([wire.MAGIC, wire.packb({"op": "teleport", "rid": 1})], "unknown_operation"),
@@ -276,3 +276,37 @@ def test_sigterm_to_router_stops_it_cleanly():
         assert broker.procs["router"].returncode == 0
     finally:
         broker.cleanup()
+
+
+def _replies(sock: zmq.Socket, count: int) -> list[wire.Reply]:
+    replies: list[wire.Reply] = []
+    while len(replies) < count:
+        replies += wire.decode_incoming_all(sock.recv_multipart())
+    return replies
+
+
+def test_a_batch_frame_gets_every_request_answered_under_its_own_rid(broker):
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 10_000)
+    sock.connect(broker.home.router_address)
+    try:
+        hello = wire.encode_request("hello", 1)
+        sock.send_multipart(hello)
+        assert _replies(sock, 1)[0].result["batch"] == wire.MAX_BATCH
+        bodies = [
+            wire.packb({"op": "register", "rid": 2, "subject": "relay.agent.batch.inbox"}),
+            wire.packb({"op": "nonsense", "rid": 3}),
+            wire.packb(["not", "a", "request"]),
+            wire.packb({"op": "ping", "rid": 4}),
+        ]
+        sock.send_multipart([wire.MAGIC, wire.batch(bodies)])
+        by_rid = {r.rid: r for r in _replies(sock, 4)}
+        assert by_rid[2].ok and by_rid[4].ok
+        assert by_rid[3].error.code == "unknown_operation"
+        assert by_rid[0].error.code == "malformed_frame"  # the item that had no rid
+        too_many = [wire.packb({"op": "ping", "rid": 5})] * (wire.MAX_BATCH + 1)
+        sock.send_multipart([wire.MAGIC, wire.batch(too_many)])
+        assert _replies(sock, 1)[0].error.code == "malformed_frame"
+    finally:
+        sock.close()

@@ -553,3 +553,15 @@ def test_dead_letter_info_is_validated_in_a_file() -> None:
     )
     with pytest.raises(InvalidMessage, match=r"deadLetter\.failedAt must be an int"):
         parse_message_file(json.dumps(wire).encode())
+
+
+def test_a_batch_frame_is_the_packed_bodies_as_one_msgpack_array():
+    from sdk import wire
+
+    for count in (1, 15, 16, 70_000):
+        bodies = [wire.ok_body(i, i) for i in range(count)]
+        frame = wire.batch(bodies)
+        assert wire.is_batch(frame)
+        replies = wire.decode_incoming_all([wire.MAGIC, frame])
+        assert [r.rid for r in replies] == list(range(count))
+    assert not wire.is_batch(wire.ok_body(1))
