@@ -194,13 +194,12 @@ def test_on_signal_with_a_coroutine_handler_and_async_unsubscribe(broker):
 
 def test_connect_without_a_broker_raises_unavailable_within_the_timeout(tmp_path):
     async def main() -> None:
-        started = time.monotonic()
-        with pytest.raises(Unavailable, match="broker unavailable"):
+        # The message names the deadline that fired: the client's own, 0.5 s.
+        with pytest.raises(Unavailable, match=r"broker unavailable .* within 0\.5 s"):
             await connect(tmp_path, timeout=0.5)
-        with pytest.raises(Unavailable):
+        with pytest.raises(Unavailable, match=r"within 0\.5 s"):
             async with connect(tmp_path, timeout=0.5):
                 raise AssertionError("not reached")
-        assert time.monotonic() - started < 5.0
 
     asyncio.run(main())
 
@@ -227,12 +226,10 @@ def test_a_hung_broker_raises_timeout_and_a_cancelled_wait_leaves_the_client_usa
         async with connect(broker.home.root, timeout=10) as client:
             await client.register_endpoint(A)
             with writers_stopped(broker):
-                started = time.monotonic()
-                with pytest.raises(Timeout, match=r"within 0\.3 s"):
+                with pytest.raises(Timeout, match=r"within 0\.3 s"):  # that deadline, no other
                     await client.publish(A, 1, sender=SENDER, timeout=0.3)
-                assert time.monotonic() - started < 3.0
                 task = asyncio.ensure_future(client.publish(A, 2, sender=SENDER))
-                await asyncio.sleep(0.05)  # let it send its request
+                await asyncio.sleep(0)  # the task runs up to its wait: the request is sent
                 task.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await task

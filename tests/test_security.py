@@ -13,7 +13,6 @@ import os
 import shutil
 import socket
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -135,11 +134,9 @@ def test_a_restricted_key_cannot_send_anonymous_or_broker_signals(tcp_broker):
 
 def test_an_unknown_curve_key_is_refused_at_the_handshake(tcp_broker, tmp_path):
     create_certificate(tmp_path, "stranger")
-    started = time.monotonic()
+    # NotAuthorized, not the Unavailable a missed deadline gives: told by the handshake.
     with pytest.raises(NotAuthorized, match="refused this connection's handshake"):
         tcp_broker.client(key_file=tmp_path / "stranger.key_secret", timeout=30)
-    # Told by the handshake, not by the 30 s deadline (a bound for the test, not a timing claim).
-    assert time.monotonic() - started < 25
     assert "unknown CURVE key" in tcp_broker.log("router")
 
 
