@@ -1,6 +1,7 @@
 """`python -m bench` (`make bench`): every bench module, one table, one JSON file.
 
-    python -m bench [--only subjects|storage|broker|ops|nats] [--rounds N]
+    python -m bench [--only subjects|storage|broker|ops|nats|soak] [--rounds N]
+                    [--soak-seconds S]
 
 Prints one table (metric, Relay, unit, ceiling, ratio, goal, met) and writes the same
 rows with machine info to bench/results/<UTC timestamp>.json (git-ignored). Exits 1 when
@@ -26,6 +27,7 @@ MODULES = {
     "broker": "bench.bench_broker",
     "ops": "bench.bench_ops",
     "nats": "bench.bench_nats",
+    "soak": "bench.bench_soak",
 }
 RESULTS = Path(__file__).parent / "results"
 HEADER = ("metric", "Relay", "unit", "ceiling name", "ceiling", "ratio", "goal", "met")
@@ -82,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=sorted(MODULES), action="append")
     parser.add_argument("--rounds", type=int, help="rounds per figure (default: per module)")
+    parser.add_argument(
+        "--soak-seconds", type=float, help="length of the soak (default: 600, the issue's 10 min)"
+    )
     args = parser.parse_args(argv)
 
     started, info = datetime.now(UTC), machine()
@@ -91,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         try:
             module = importlib.import_module(MODULES[name])
-            got = module.rows() if args.rounds is None else module.rows(args.rounds)
+            options = {} if args.rounds is None else {"rounds": args.rounds}
+            if name == "soak" and args.soak_seconds is not None:
+                options["seconds"] = args.soak_seconds
+            got = module.rows(**options)
         except Exception:
             traceback.print_exc()
             failed.append(name)

@@ -11,9 +11,12 @@ Ceilings (raw Python, no Relay code):
 - (d) pyzmq PUB → SUB over ipc:// from another process (msgs/s received).
 
 Relay: durable publish with 1 in flight (one endpoint) and with 100 in flight (8
-endpoints spread over the shards), for 1 and 2 shards; publish → consumer handler
-latency at an offered 1,000 msg/s; signals received by a second client's ``on_signal``
-with 100 signal requests in flight, and the rate of ``client.signal`` in a loop.
+endpoints spread over the shards), for 1 and 2 shards; a wildcard publish that fans
+out to 10 endpoints, 100 in flight, as copies stored per second beside (b), which counts
+files; publish → consumer handler latency at an offered 1,000 msg/s; signals received by
+a second client's ``on_signal`` with 100 signal requests in flight, and the rate of
+``client.signal`` in a loop; the router's VmRSS right after the broker is ready and
+after all rounds ran (no ceiling; ``--only soak`` measures drift over time).
 
 Every figure is the median of ``rounds`` interleaved rounds (all contenders once per
 round, Relay beside its ceiling). The broker homes and the raw files live on a real disk
@@ -41,7 +44,7 @@ from typing import Any
 import zmq
 
 from bench.bench_storage import fs_type
-from bench.common import Row, rate
+from bench.common import Row, rate, rss_mib
 from sdk.types import Signal, SignalType
 from workers.syncfs import syncfs
 
@@ -54,6 +57,8 @@ PIPELINED_N = 3000  # 100-in-flight publishes (and raw batched writes) per round
 INFLIGHT = 100
 RAW_BATCH = 100
 ENDPOINTS = 8  # for 100 in flight, spread evenly over the shards
+FANOUT = 10  # endpoints one wildcard publish reaches
+FANOUT_N = 1000  # wildcard publishes per round (FANOUT copies each), 100 in flight
 RT_N = 3000  # raw DEALER/ROUTER round trips, 1 in flight
 RT_PIPELINED_N = 20_000  # raw DEALER/ROUTER messages, 100 in flight
 PUBSUB_N = 50_000  # raw PUB/SUB messages
@@ -338,6 +343,7 @@ class RelayBroker:
         self.lock = threading.Lock()
         try:
             self.broker.start()
+            self.rss_start = self.rss()  # right after the router and writers are ready
             self._setup()
         except BaseException:
             self.broker.cleanup()
@@ -352,7 +358,9 @@ class RelayBroker:
         self.single = f"{SUBJECT}.single"
         self.spread = spread_subjects(ENDPOINTS, self.shards)
         self.sink = f"{SUBJECT}.sink"
-        for subject in [self.single, self.sink, *self.spread]:
+        self.fan = [f"{SUBJECT}.fan.e{n}" for n in range(FANOUT)]
+        self.fan_pattern = f"{SUBJECT}.fan.*"  # a wildcard publish: every endpoint it matches
+        for subject in [self.single, self.sink, *self.spread, *self.fan]:
             self.publisher.register_endpoint(subject)
 
         self.latencies: list[float] = []
@@ -370,6 +378,11 @@ class RelayBroker:
         # Warm every path once (imports, caches, SQLite pages) before measuring.
         self.publish_single(WARMUP)
         self.publish_pipelined(WARMUP)
+        self.publish_fanout(WARMUP)
+
+    def rss(self) -> float:
+        """The router process's VmRSS, MiB."""
+        return rss_mib(self.broker.procs["router"].pid)
 
     def _on_message(self, envelope: Any) -> None:
         now = time.monotonic_ns()
@@ -384,9 +397,9 @@ class RelayBroker:
         self.signals_seen += 1
 
     @staticmethod
-    def _check(result: Any) -> None:
-        if result.delivered_to != 1 or result.rejected:
-            raise RuntimeError(f"publish not delivered: {result}")
+    def _check(result: Any, copies: int = 1) -> None:
+        if result.delivered_to != copies or result.rejected:
+            raise RuntimeError(f"publish not delivered to {copies}: {result}")
 
     def publish_single(self, count: int = SINGLE_N) -> dict[str, float]:
         publish, latencies = self.publisher.publish, []
@@ -404,6 +417,15 @@ class RelayBroker:
         }
 
     def publish_pipelined(self, count: int = PIPELINED_N) -> dict[str, float]:
+        return self._in_flight(count, self.spread, 1)
+
+    def publish_fanout(self, count: int = FANOUT_N) -> dict[str, float]:
+        """Wildcard publishes reaching FANOUT endpoints each; rate = copies stored/s."""
+        result = self._in_flight(count, [self.fan_pattern], FANOUT)
+        return {"rate": result["rate"] * FANOUT}
+
+    def _in_flight(self, count: int, targets: list[str], copies: int) -> dict[str, float]:
+        """``count`` publishes over ``targets`` in turn, INFLIGHT at a time; publishes/s."""
         slots = threading.Semaphore(INFLIGHT)
         done = threading.Event()
         errors: list[BaseException] = []
@@ -412,7 +434,7 @@ class RelayBroker:
 
         def on_done(future: Any) -> None:
             try:
-                self._check(future.result())
+                self._check(future.result(), copies)
             except BaseException as exc:
                 errors.append(exc)
             slots.release()
@@ -421,7 +443,7 @@ class RelayBroker:
                 if finished[0] == count:
                     done.set()
 
-        publish_async, targets = self.publisher.publish_async, self.spread
+        publish_async = self.publisher.publish_async
         start = time.perf_counter()
         for n in range(count):
             slots.acquire()
@@ -523,6 +545,7 @@ def rows(rounds: int = 3) -> list[Row]:
             contenders[f"pipelined_{k}"] = b.publish_pipelined
         biggest = max(brokers)
         contenders["unguarded"] = brokers[biggest].publish_pipelined_unguarded
+        contenders["fanout"] = brokers[biggest].publish_fanout
         contenders["raw_rt"] = raw_zmq.round_trip
         contenders["raw_rt_pipelined"] = raw_zmq.pipelined
         for k, b in brokers.items():
@@ -533,6 +556,8 @@ def rows(rounds: int = 3) -> list[Row]:
         for k, b in brokers.items():
             contenders[f"handler_{k}"] = b.handler_latency
         m = _interleave(rounds, contenders)
+        # The router of the broker the fan-out and reliability rows used, after every round.
+        m["rss"] = {"start": brokers[biggest].rss_start, "after": brokers[biggest].rss()}
     finally:
         for broker in brokers.values():
             broker.cleanup()
@@ -607,6 +632,21 @@ def _table(m: dict[str, dict[str, float]], kind: str) -> list[Row]:
             guarded["rate"] >= 0.9 * unguarded["rate"],
         )
     )
+    biggest = _shards(max(SHARD_COUNTS))
+    out.append(
+        Row(
+            f"fan-out to {FANOUT} endpoints, {INFLIGHT} in flight, {biggest}: copies stored",
+            m["fanout"]["rate"],
+            "copy/s",
+            f"(b) batched by {RAW_BATCH}: syncfs + 1 dir fsync (per file)",
+            b["rate"],
+        )
+    )
+    rss = m["rss"]
+    out += [
+        Row(f"router RSS at start, {biggest}", rss["start"], "MiB", goal="flat (see soak)"),
+        Row(f"router RSS after the run, {biggest}", rss["after"], "MiB", goal="flat (see soak)"),
+    ]
     for k in SHARD_COUNTS:
         handler = m[f"handler_{k}"]
         what = f"publish -> handler @ {OFFERED_RATE:,}/s, {_shards(k)}"
@@ -650,7 +690,8 @@ if __name__ == "__main__":
     for row in rows():
         ratio = f"{row.ratio:.2f}x" if row.ratio is not None else "-"
         verdict = "" if row.met is None else ("met" if row.met else "NOT met")
+        ceiling = "" if row.ceiling is None else f"{row.ceiling_name}: {row.ceiling:,.0f} "
         print(
-            f"{row.metric:<56} {row.relay:>10,.0f} {row.unit:<6} "
-            f"{row.ceiling_name}: {row.ceiling:,.0f} ({ratio}) {row.goal} {verdict}"
+            f"{row.metric:<56} {row.relay:>10,.1f} {row.unit:<6} "
+            f"{ceiling}({ratio}) {row.goal} {verdict}"
         )

@@ -43,3 +43,12 @@ def interleave(rounds: int, **contenders: Callable[[], float]) -> dict[str, floa
 
 def rate(count: int, seconds: float) -> float:
     return count / seconds if seconds > 0 else float("inf")
+
+
+def rss_mib(pid: int) -> float:
+    """The resident set size of a process in MiB, from VmRSS in /proc/<pid>/status."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024  # kB
+    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
