@@ -24,6 +24,8 @@ from sdk import wire
 from sdk.errors import RelayError
 from sdk.subjects import endpoint_hash
 from tests.harness import Broker
+from workers import maildir
+from workers.writer import BEFORE_INDEX_COMMIT
 
 pytestmark = pytest.mark.integration
 
@@ -96,6 +98,43 @@ def test_killing_a_writer_mid_burst_loses_no_acknowledged_publish(broker):
     broker.wait_ready()
     acknowledged = assert_durable(broker, client, futures)
     assert 150 <= acknowledged < 3000
+
+
+WRITER_STEPS = [
+    maildir.AFTER_TMP_WRITE,  # files in tmp/, nothing flushed
+    maildir.AFTER_SYNC,  # files flushed, not yet renamed into new/
+    maildir.AFTER_RENAME,  # visible in new/, the renames not yet durable
+    maildir.AFTER_DIR_SYNC,  # durable in new/, not yet indexed
+    BEFORE_INDEX_COMMIT,  # durable and every other change of the commit made
+]
+
+
+@pytest.mark.parametrize("step", WRITER_STEPS)
+def test_a_writer_killed_between_two_steps_loses_no_acknowledged_publish(broker, step):
+    client = broker.client(timeout=30)
+    for subject in ENDPOINTS:
+        client.register_endpoint(subject)
+    client.set_config(UNLIMITED)
+    # The next writer of shard 0 kills itself (SIGKILL) the first time it reaches step.
+    broker.kill("writer0", signal.SIGTERM)
+    broker.start_writer(0, env={"RELAY_FAULT": step})
+    broker.wait_ready()
+    futures = burst(client, 600, lambda _future: None)
+    for future in futures:
+        future.exception(30)  # every publish gets an answer: no silence
+    assert broker.procs["writer0"].wait(10) == -signal.SIGKILL  # it died at the step
+    broker.start_writer(0)  # no fault armed: recovery, then service
+    broker.wait_ready()
+    acknowledged = assert_durable(broker, client, futures)
+    assert acknowledged > 0  # shard 1 kept serving throughout
+    for subject in ENDPOINTS:
+        mailbox = broker.home.mailbox(endpoint_hash(subject))
+        assert os.listdir(mailbox / "tmp") == []  # nothing half-written left behind
+        # What the killed commit made durable but never confirmed is there, whole, and
+        # indexed: the restarted writer adopted it.
+        for name in os.listdir(mailbox / "new"):
+            [copy] = client.trace(name)["copies"]
+            assert copy["state"] == "new"
 
 
 def test_killing_the_router_mid_burst_loses_no_acknowledged_publish(broker):

@@ -39,12 +39,15 @@ from sdk.errors import (
 from sdk.ids import is_id
 from sdk.paths import UNROUTABLE, Home
 from workers import ingest
+from workers.faults import fault_point
 from workers import protocol as proto
 from workers.compaction import remove_finished
 from workers.index import MessageIndex, rebuild_from_maildir
 from workers.maildir import Mailbox, deliver_batch, fsync_dirs, parse_name
 from workers.process import run_until_stopped
 from workers.records import MessageRecord, State
+
+BEFORE_INDEX_COMMIT = "writer.before_index_commit"
 
 log = logging.getLogger("relay.writer")
 
@@ -221,6 +224,7 @@ class Writer:
             outbox.append(self._deliver(deliveries, changes))
         for kind, header, data in others:
             outbox.extend(self._handle(kind, header, data, changes))
+        fault_point(BEFORE_INDEX_COMMIT)  # the files are durable, the index not yet
         try:
             changes.commit(self.index)
         except Exception as exc:
