@@ -44,7 +44,7 @@ class Session:
     user: str | None = None  # the ZAP user id its connection was admitted with
     subs: set[int] = field(default_factory=set)
     waiting: int = 0  # this client's requests waiting on writers (bounded)
-    batches: bool = False  # sends batch frames, so gets its replies batched too
+    batches: bool = False  # asked (hello/ping "batch": true) for its replies batched
     # Messages handed to this client and not yet acknowledged:
     # (id, endpoint) -> (sub id, the message's sender, for its delivery receipt).
     unacked: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)

@@ -266,13 +266,16 @@ class Router:
                 return
             handle(frames)
 
-    def _drain_clients(self, limit: int = 1000) -> None:
-        for _ in range(limit):
+    def _drain_clients(self, limit: int = 2000) -> None:
+        """At most about ``limit`` requests per pass (a batch counts as many), so the
+        writers' results and the sweep get their turn."""
+        handled = 0
+        while handled < limit:
             try:
                 frames = self.clients.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            self._on_client([f.bytes for f in frames], message_user(frames[0]))
+            handled += self._on_client([f.bytes for f in frames], message_user(frames[0]))
 
     def close(self) -> None:
         self.rejections.close()
@@ -321,27 +324,33 @@ class Router:
 
     # ------------------------------------------------------------------ client side
 
-    def _on_client(self, frames: list[bytes], user: str | None) -> None:
+    def _on_client(self, frames: list[bytes], user: str | None) -> int:
+        """Handle one frame from a client; returns how many requests it held."""
         identity, body = frames[0], frames[1:]
         try:
             requests = wire.decode_requests(body)
         except RelayError as exc:
             self._reply_error(identity, wire.peek_rid(body), exc)
-            return
+            return 1
         who = self.auth.identity(user)
         if who is None:  # admitted once, revoked since (auth.json changed)
             self._end_session(identity)
             error = NotAuthorized(f"the credentials of this connection ({user}) are not admitted")
             for request in requests:
                 self._reply_error(identity, request.rid, error)
-            return
+            return len(requests)
         session = self.consumers.touch(identity, now_ms(), user)
-        session.batches = session.batches or wire.is_batch(body[1])
         for request in requests:
-            if isinstance(request, wire.BadRequest):
+            if self.consumers.sessions.get(identity) is not session:
+                # `bye` (or a failed send) ended the session mid-batch: what follows
+                # must not run on a detached session.
+                error = InvalidState("the session ended earlier in this batch")
+                self._reply_error(identity, request.rid, error)
+            elif isinstance(request, wire.BadRequest):
                 self._reply_error(identity, request.rid, request.error)
             else:
                 self._handle(session, who, request)
+        return len(requests)
 
     def _handle(self, session: Session, who: Identity, request: wire.Request) -> None:
         handler = self._ops.get(request.op)
@@ -363,38 +372,44 @@ class Router:
             self._reply(session.identity, wire.ok_body(request.rid, result))
 
     def _reply(self, identity: bytes, body: bytes) -> None:
-        """Replies to a client that batches wait for the end of this loop iteration and
-        leave as one frame; others leave at once."""
+        """Replies to a client that asked for batches wait for the end of this loop
+        iteration and leave as one frame; others leave at once, unless replies to the
+        same client already wait (a reply never overtakes an earlier one)."""
         session = self.consumers.sessions.get(identity)
-        if session is not None and session.batches:
+        if identity in self._replies or (session is not None and session.batches):
             self._replies.setdefault(identity, []).append(body)
         else:
             self._send(identity, [wire.MAGIC, body])
 
-    def _flush_replies(self, only: bytes | None = None) -> None:
+    def _flush_replies(self, only: bytes | None = None) -> bool:
+        """Send what waits (for one client, or all); False if a send to ``only`` failed."""
         identities = [only] if only is not None else list(self._replies)
         for identity in identities:
             bodies = self._replies.pop(identity, None)
             if not bodies:
                 continue
-            if len(bodies) == 1:
-                self._send(identity, [wire.MAGIC, bodies[0]])
-                continue
-            for start in range(0, len(bodies), wire.MAX_BATCH):
-                if not self._send(
-                    identity, [wire.MAGIC, wire.batch(bodies[start : start + wire.MAX_BATCH])]
-                ):
+            for part in wire.chunks([len(b) for b in bodies]):
+                frame = (
+                    bodies[part[0]]
+                    if len(part) == 1
+                    else wire.batch(bodies[part[0] : part[-1] + 1])
+                )
+                if not self._send(identity, [wire.MAGIC, frame]):
+                    if identity == only:
+                        return False
                     break
+        return True
 
     def _push(self, identity: bytes, frames: list[bytes]) -> bool:
         """A message for a subscription: after the replies queued before it (a subscribe
         reply must reach the client before the backlog it announces)."""
-        self._flush_replies(identity)
-        return self._send(identity, frames)
+        return self._flush_replies(identity) and self._send(identity, frames, copy=False)
 
-    def _send(self, identity: bytes, frames: list[bytes]) -> bool:
+    def _send(self, identity: bytes, frames: list[bytes], *, copy: bool = True) -> bool:
+        # Zero-copy only for pushes, whose file bytes may be a megabyte; small frames
+        # are cheaper copied.
         try:
-            self.clients.send_multipart([identity, *frames], zmq.NOBLOCK)
+            self.clients.send_multipart([identity, *frames], zmq.NOBLOCK, copy=copy)
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the client is gone; EAGAIN: not reading
             log.info("client %s unreachable (%s): session ended", identity.hex(), exc)
@@ -410,6 +425,7 @@ class Router:
     # ------------------------------------------------------------------ operations
 
     def _op_hello(self, session: Session, req: wire.Request) -> Any:
+        session.batches = req.get("batch") is True
         return {
             "server": SERVER_NAME,
             "version": wire.PROTOCOL_VERSION,
@@ -420,6 +436,9 @@ class Router:
         }
 
     def _op_ping(self, session: Session, req: wire.Request) -> Any:
+        # A router that restarted knows the client only from its next request: pings
+        # carry the batch choice too.
+        session.batches = session.batches or req.get("batch") is True
         # The subscriptions this connection holds: a client that finds one of its own
         # missing (router restart, session timeout) knows to subscribe again.
         return {"now": now_ms(), "subs": sorted(session.subs)}

@@ -18,7 +18,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -100,7 +100,7 @@ class Client:
         self._io.start()
         self._io_ready.wait(5)
         try:
-            self.server = self._call("hello", client=f"python-sdk/{os.getpid()}")
+            self.server = self._call("hello", client=f"python-sdk/{os.getpid()}", batch=True)
             self._batch_limit = max(1, min(int(self.server.get("batch", 1)), wire.MAX_BATCH))
         except RelayError as exc:
             self.close()
@@ -167,7 +167,9 @@ class Client:
                 now = time.monotonic()
                 if now >= next_ping:
                     with contextlib.suppress(zmq.Again):  # never block the I/O thread
-                        dealer.send_multipart(wire.encode_request("ping", 0), zmq.NOBLOCK)
+                        dealer.send_multipart(
+                            wire.encode_request("ping", 0, batch=True), zmq.NOBLOCK
+                        )
                     next_ping = now + HEARTBEAT_S
                     self._expire(now)
         finally:
@@ -206,26 +208,31 @@ class Client:
         """Move what callers queued to the sockets. Requests queued together leave
         together, as one batch frame when the broker takes batches: under load that is
         one ZeroMQ message, and one reply frame back, for many publishes."""
-        batch: list[tuple[int, bytes]] = []  # (rid, body)
-        while True:
+        rids: list[int] = []
+        bodies: list[bytes] = []
+        for _ in range(wire.MAX_BATCH):  # bounded: replies and pings get their turn
             try:
                 frames = outbox.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
             kind = frames[0]
             if kind == b"R":  # a request: [R, rid, magic, body]
-                batch.append((int.from_bytes(frames[1], "big"), frames[3]))
+                rid = int.from_bytes(frames[1], "big")
+                if rid in self._futures:  # not already failed (refused, expired): send it
+                    rids.append(rid)
+                    bodies.append(frames[3])
             elif kind == b"C":  # connect the signal socket
                 sub.connect(frames[1].decode())
             elif kind == b"S":  # subscribe the signal socket to a prefix
                 sub.setsockopt(zmq.SUBSCRIBE, frames[1])
-        for chunk in _chunks(batch, self._batch_limit):
-            body = chunk[0][1] if len(chunk) == 1 else wire.batch([b for _, b in chunk])
+        for part in wire.chunks([len(b) for b in bodies], self._batch_limit):
+            first, end = part[0], part[-1] + 1
+            body = bodies[first] if len(part) == 1 else wire.batch(bodies[first:end])
             try:
                 dealer.send_multipart([wire.MAGIC, body], zmq.NOBLOCK)
-            except zmq.Again:  # the queue to an unreachable broker is full
-                error = f"broker at {self.address} unreachable: its send queue is full"
-                for rid, _ in chunk:
+            except zmq.ZMQError as exc:  # EAGAIN: the queue to an unreachable broker is full
+                error = f"broker at {self.address} unreachable: {exc}"
+                for rid in rids[first:end]:
                     self._fail(rid, Unavailable(error))
 
     def _receive(self, dealer: zmq.Socket) -> None:
@@ -671,24 +678,6 @@ class _SubscriptionWorker:
             log.warning("handler failed on %s: %r", delivery.id, exc)
             return f"handler error: {type(exc).__name__}: {exc}"[:1000]
         return None
-
-
-BATCH_BYTES = 4 * 1024 * 1024  # well under the broker's 16 MiB request body limit
-
-
-def _chunks(requests: list[tuple[int, bytes]], limit: int) -> Iterator[list[tuple[int, bytes]]]:
-    """Runs of at most ``limit`` requests and about `BATCH_BYTES` (one larger request
-    goes alone)."""
-    chunk: list[tuple[int, bytes]] = []
-    size = 0
-    for request in requests:
-        if chunk and (len(chunk) >= limit or size + len(request[1]) > BATCH_BYTES):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(request)
-        size += len(request[1])
-    if chunk:
-        yield chunk
 
 
 def connect(

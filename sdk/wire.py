@@ -2,17 +2,17 @@
 
 See docs/protocol.md for the specification this module implements. A request is two
 ZeroMQ frames, ``[MAGIC, msgpack map]``; a reply is ``[MAGIC, msgpack map]``; a pushed
-message is ``[MAGIC, msgpack map, stored message bytes]``. A client that the broker's
-``hello`` told ``batch: true`` may put up to `MAX_BATCH` requests in one frame as a
-msgpack array of maps, and then gets its replies batched the same way: one frame, and
-one trip through ZeroMQ, for many messages. The router decodes with `decode_requests`,
-which never raises anything but a `RelayError` subclass, so one malformed frame costs
-one error reply and nothing else.
+message is ``[MAGIC, msgpack map, stored message bytes]``. A client may put up to
+`MAX_BATCH` requests in one frame as a msgpack array of maps; one that says
+``batch: true`` on ``hello`` (and on its pings) gets its replies batched the same way:
+one frame, and one trip through ZeroMQ, for many messages. The router decodes with
+`decode_requests`, which never raises anything but a `RelayError` subclass, so one
+malformed frame costs one error reply and nothing else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,7 @@ MAGIC_PREFIX = b"RLY"
 # making the router unpack arbitrarily large or deep structures.
 MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_BATCH = 1024  # requests (or replies) in one batch frame
+BATCH_BYTES = 4 * 1024 * 1024  # a batch frame's size, well under MAX_BODY_BYTES
 _UNPACK_LIMITS = {
     "max_str_len": MAX_BODY_BYTES,
     "max_bin_len": MAX_BODY_BYTES,
@@ -208,6 +209,19 @@ def encode_ok(rid: int, result: Any = None) -> list[bytes]:
 
 def encode_error(rid: int, error: RelayError) -> list[bytes]:
     return [MAGIC, error_body(rid, error)]
+
+
+def chunks(sizes: Sequence[int], limit: int = MAX_BATCH) -> Iterator[range]:
+    """Index ranges of at most ``limit`` items and about `BATCH_BYTES` each (one larger
+    item goes alone), for cutting a queue of packed bodies into batch frames."""
+    start, size = 0, 0
+    for i, n in enumerate(sizes):
+        if i > start and (i - start >= limit or size + n > BATCH_BYTES):
+            yield range(start, i)
+            start, size = i, 0
+        size += n
+    if start < len(sizes):
+        yield range(start, len(sizes))
 
 
 def batch(bodies: Sequence[bytes]) -> bytes:

@@ -39,9 +39,9 @@ from sdk.errors import (
 from sdk.ids import is_id
 from sdk.paths import UNROUTABLE, Home
 from workers import ingest
-from workers.faults import fault_point
 from workers import protocol as proto
 from workers.compaction import remove_finished
+from workers.faults import fault_point
 from workers.index import MessageIndex, rebuild_from_maildir
 from workers.maildir import Mailbox, deliver_batch, fsync_dirs, parse_name
 from workers.process import run_until_stopped
