@@ -289,7 +289,9 @@ def _replies(sock: zmq.Socket, count: int, frames: list[int] | None = None) -> l
     return replies
 
 
-def test_a_batch_frame_gets_every_request_answered_under_its_own_rid(broker):
+@pytest.fixture
+def batching(broker):
+    """A raw DEALER that said hello asking for batched replies; its hello reply read."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, 10_000)
@@ -297,43 +299,40 @@ def test_a_batch_frame_gets_every_request_answered_under_its_own_rid(broker):
     try:
         sock.send_multipart(wire.encode_request("hello", 1, batch=True))
         assert _replies(sock, 1)[0].result["batch"] == wire.MAX_BATCH
-        bodies = [
-            wire.packb({"op": "register", "rid": 2, "subject": "relay.agent.batch.inbox"}),
-            wire.packb({"op": "nonsense", "rid": 3}),
-            wire.packb(["not", "a", "request"]),
-            wire.packb({"op": "ping", "rid": 4}),
-        ]
-        sock.send_multipart([wire.MAGIC, wire.batch(bodies)])
-        per_frame: list[int] = []
-        by_rid = {r.rid: r for r in _replies(sock, 4, per_frame)}
-        assert max(per_frame) > 1  # answered in batches, as hello asked
-        assert by_rid[2].ok and by_rid[4].ok
-        assert by_rid[3].error.code == "unknown_operation"
-        assert by_rid[0].error.code == "malformed_frame"  # the item that had no rid
-        too_many = [wire.packb({"op": "ping", "rid": 5})] * (wire.MAX_BATCH + 1)
-        sock.send_multipart([wire.MAGIC, wire.batch(too_many)])
-        assert _replies(sock, 1)[0].error.code == "malformed_frame"
+        yield sock
     finally:
         sock.close()
 
 
-def test_bye_in_a_batch_ends_the_session_for_what_follows(broker):
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, 10_000)
-    sock.connect(broker.home.router_address)
-    try:
-        sock.send_multipart(wire.encode_request("hello", 1, batch=True))
-        _replies(sock, 1)
-        bodies = [
-            wire.packb({"op": "ping", "rid": 2}),
-            wire.packb({"op": "bye", "rid": 3}),
-            wire.packb({"op": "subscribe", "rid": 4, "pattern": "relay.>"}),
-        ]
-        sock.send_multipart([wire.MAGIC, wire.batch(bodies)])
-        replies = _replies(sock, 3)
-        assert [r.rid for r in replies] == [2, 3, 4]  # in order, none overtaking
-        assert replies[0].ok and replies[1].ok
-        assert replies[2].error.code == "invalid_state"
-    finally:
-        sock.close()
+def test_a_batch_frame_gets_every_request_answered_under_its_own_rid(batching):
+    sock = batching
+    bodies = [
+        wire.packb({"op": "register", "rid": 2, "subject": "relay.agent.batch.inbox"}),
+        wire.packb({"op": "nonsense", "rid": 3}),
+        wire.packb(["not", "a", "request"]),
+        wire.packb({"op": "ping", "rid": 4}),
+    ]
+    sock.send_multipart([wire.MAGIC, wire.batch(bodies)])
+    per_frame: list[int] = []
+    by_rid = {r.rid: r for r in _replies(sock, 4, per_frame)}
+    assert max(per_frame) > 1  # answered in batches, as hello asked
+    assert by_rid[2].ok and by_rid[4].ok
+    assert by_rid[3].error.code == "unknown_operation"
+    assert by_rid[0].error.code == "malformed_frame"  # the item that had no rid
+    too_many = [wire.packb({"op": "ping", "rid": 5})] * (wire.MAX_BATCH + 1)
+    sock.send_multipart([wire.MAGIC, wire.batch(too_many)])
+    assert _replies(sock, 1)[0].error.code == "malformed_frame"
+
+
+def test_bye_in_a_batch_ends_the_session_for_what_follows(batching):
+    sock = batching
+    bodies = [
+        wire.packb({"op": "ping", "rid": 2}),
+        wire.packb({"op": "bye", "rid": 3}),
+        wire.packb({"op": "subscribe", "rid": 4, "pattern": "relay.>"}),
+    ]
+    sock.send_multipart([wire.MAGIC, wire.batch(bodies)])
+    replies = _replies(sock, 3)
+    assert [r.rid for r in replies] == [2, 3, 4]  # in order, none overtaking
+    assert replies[0].ok and replies[1].ok
+    assert replies[2].error.code == "invalid_state"

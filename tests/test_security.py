@@ -206,7 +206,8 @@ def test_the_owners_senders_can_be_restricted_and_it_applies_at_once(broker):
         client.add_rule(AccessRule("relay.agent.b.>", "relay.agent.a.>", RuleAction.DENY))
 
 
-def test_deleting_auth_json_returns_to_owner_only_defaults(broker):
+def owner_restricted_to_a(broker: Broker):
+    """A client of the owner, once auth.json keeps the owner to relay.agent.a.>."""
     client = broker.client()
     client.register_endpoint("relay.agent.a.inbox")
     write_auth(broker, {"uids": {str(os.getuid()): {"senders": ["relay.agent.a.>"]}}})
@@ -215,6 +216,11 @@ def test_deleting_auth_json_returns_to_owner_only_defaults(broker):
         10,
         what="auth.json to apply",
     )
+    return client
+
+
+def test_deleting_auth_json_returns_to_owner_only_defaults(broker):
+    client = owner_restricted_to_a(broker)
     broker.home.auth_file.unlink()
     wait_for(
         lambda: not refused(lambda: client.publish("relay.agent.a.inbox", 2, sender="relay.b.x")),
@@ -224,14 +230,7 @@ def test_deleting_auth_json_returns_to_owner_only_defaults(broker):
 
 
 def test_a_broken_auth_file_keeps_the_last_good_policy(broker):
-    client = broker.client()
-    client.register_endpoint("relay.agent.a.inbox")
-    write_auth(broker, {"uids": {str(os.getuid()): {"senders": ["relay.agent.a.>"]}}})
-    wait_for(
-        lambda: refused(lambda: client.publish("relay.agent.a.inbox", 1, sender="relay.b.x")),
-        10,
-        what="auth.json to apply",
-    )
+    client = owner_restricted_to_a(broker)
     (broker.home.auth_file).write_text("{not json")
     wait_for(lambda: "auth.json refused" in broker.log("router"), 10, what="the refusal in the log")
     assert refused(lambda: client.publish("relay.agent.a.inbox", 2, sender="relay.b.x"))
