@@ -10,6 +10,7 @@ installs them; without them these tests fail, saying so.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -21,7 +22,7 @@ import pytest
 from sdk.errors import RelayError
 from sdk.subjects import endpoint_hash
 from sdk.types import Envelope, Signal, SignalType
-from tests.harness import Broker, signals_flowing, wait_for
+from tests.harness import Broker, free_port, signals_flowing, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 C_DIR = ROOT / "clients" / "c"
@@ -219,3 +220,39 @@ def test_a_c_consumer_keeps_consuming_across_a_router_restart(broker: Broker):
     assert consumer.returncode == 0, err
     [line] = [json.loads(text) for text in out.splitlines()]
     assert (line["id"], line["settled"]) == (second.message_id, "ack")
+
+
+def test_c_cli_talks_curve_to_a_tcp_broker():
+    address = f"tcp://127.0.0.1:{free_port()}"
+    broker = Broker(shards=1, router_args=["--address", address])
+    broker.home.create()
+    try:
+        result = broker.relay("auth", "add-key", "ckey", "--sender=relay.interop.>")
+        assert result.returncode == 0, result.stderr
+        keys = broker.home.keys
+        broker.client_options = {"address": address, "key_file": keys / "ckey.key_secret"}
+        broker.start()
+        env = {
+            **os.environ,
+            "RELAY_KEY_FILE": str(keys / "ckey.key_secret"),
+            "RELAY_SERVER_KEY": str(keys / "server.key"),
+        }
+        proc = subprocess.run(
+            [str(BUILD / "relay-cli"), "--address", address, "register", "relay.interop.curve"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert json.loads(check(proc).stdout) == {"registered": "relay.interop.curve"}
+        env["RELAY_KEY_FILE"] = "/nonexistent.key_secret"
+        bad = subprocess.run(
+            [str(BUILD / "relay-cli"), "--address", address, "register", "relay.interop.x"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert bad.returncode == 1 and "invalid_message: cannot read a CURVE key pair" in bad.stderr
+    finally:
+        broker.cleanup()

@@ -23,7 +23,7 @@ import pytest
 
 from sdk.subjects import endpoint_hash
 from sdk.types import Envelope, Signal, SignalType
-from tests.harness import Broker, signals_flowing, wait_for
+from tests.harness import Broker, free_port, signals_flowing, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_DIR = ROOT / "clients" / "node"
@@ -239,3 +239,57 @@ def test_a_node_consumer_keeps_consuming_across_a_router_restart(broker: Broker)
     assert line["settled"] == {"state": "done"}
     peer.finish()
     assert peer.proc.returncode == 0
+
+
+CURVE_SCRIPT = """
+const relay = require(".");
+(async () => {
+  const client = await relay.connect({
+    address: process.argv[1], keyFile: process.argv[2], serverKey: process.argv[3], timeout: 5000,
+  });
+  await client.register("relay.agent.nodekey.inbox");
+  const me = { from: "relay.agent.nodekey.me" };
+  const ok = await client.publish("relay.agent.nodekey.inbox", { n: 1 }, me);
+  let refused = null;
+  try {
+    await client.publish("relay.agent.nodekey.inbox", { n: 2 }, { from: "relay.agent.other" });
+  } catch (err) {
+    refused = err.code;
+  }
+  console.log(JSON.stringify({ delivered: ok.deliveredTo, refused }));
+  await client.close();
+})().catch((err) => { console.log(JSON.stringify({ error: err.code, message: err.message })); });
+"""
+
+
+def test_node_client_talks_curve_to_a_tcp_broker():
+    address = f"tcp://127.0.0.1:{free_port()}"
+    broker = Broker(shards=1, router_args=["--address", address])
+    broker.home.create()
+    try:
+        result = broker.relay("auth", "add-key", "nodekey", "--sender=relay.agent.nodekey.>")
+        assert result.returncode == 0, result.stderr
+        keys = broker.home.keys
+        broker.client_options = {"address": address, "key_file": keys / "nodekey.key_secret"}
+        broker.start()
+        proc = subprocess.run(
+            [
+                node(),
+                "-e",
+                CURVE_SCRIPT,
+                address,
+                str(keys / "nodekey.key_secret"),
+                str(keys / "server.key"),
+            ],
+            cwd=NODE_DIR,
+            env=node_env(None),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert json.loads(proc.stdout.strip().splitlines()[-1]) == {
+            "delivered": 1,
+            "refused": "sender_not_allowed",
+        }, proc.stdout + proc.stderr
+    finally:
+        broker.cleanup()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import tempfile
 from pathlib import Path
 
@@ -22,17 +21,11 @@ from sdk import wire
 from sdk.curve import create_certificate
 from sdk.errors import NotAuthorized, SenderNotAllowed
 from sdk.types import AccessRule, RuleAction, Signal, SignalType
-from tests.harness import Broker, signals_flowing, wait_for
+from tests.harness import Broker, free_port, signals_flowing, wait_for
 
 pytestmark = pytest.mark.integration
 
 PROJ_A = "relay.agent.projA"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_auth(broker: Broker, data: dict) -> None:

@@ -404,7 +404,52 @@ int relay_router_address(const char *home, char *out, size_t size) {
     return n < 0 || (size_t)n >= size ? -1 : 0;
 }
 
+/* The 40-character Z85 value of `name = "..."` in a ZeroMQ certificate file. */
+static int read_cert_key(const char *file, const char *name, char out[41]) {
+    FILE *f = fopen(file, "r");
+    if (!f) return -1;
+    char line[512];
+    int found = -1;
+    while (found < 0 && fgets(line, sizeof line, f)) {
+        const char *at = strstr(line, name);
+        const char *quote = at ? strchr(at, '"') : NULL;
+        if (quote && strlen(quote + 1) > 40 && quote[41] == '"') {
+            memcpy(out, quote + 1, 40);
+            out[40] = '\0';
+            found = 0;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
 relay_client *relay_connect(const char *address, int timeout_ms, relay_error *err) {
+    const char *key_file = getenv("RELAY_KEY_FILE");
+    if (key_file && *key_file && strncmp(address, "tcp://", 6) == 0) {
+        return relay_connect_curve(address, timeout_ms, key_file, getenv("RELAY_SERVER_KEY"), err);
+    }
+    return relay_connect_curve(address, timeout_ms, NULL, NULL, err);
+}
+
+relay_client *relay_connect_curve(const char *address, int timeout_ms, const char *key_file,
+                                  const char *server_key, relay_error *err) {
+    char public_key[41], secret_key[41], server[41];
+    if (key_file) {
+        if (read_cert_key(key_file, "public-key", public_key) < 0 ||
+            read_cert_key(key_file, "secret-key", secret_key) < 0) {
+            fail(err, RELAY_E_INVALID_MESSAGE, "cannot read a CURVE key pair from %s", key_file);
+            return NULL;
+        }
+        FILE *probe = server_key ? fopen(server_key, "r") : NULL;
+        if (probe) fclose(probe);
+        if (server_key && !probe && strlen(server_key) == 40) {
+            memcpy(server, server_key, 41);
+        } else if (!server_key || read_cert_key(server_key, "public-key", server) < 0) {
+            fail(err, RELAY_E_INVALID_MESSAGE, "cannot read the broker's public key from %s",
+                 server_key ? server_key : "(none given: RELAY_SERVER_KEY)");
+            return NULL;
+        }
+    }
     relay_client *c = calloc(1, sizeof *c);
     if (!c) abort();
     snprintf(c->address, sizeof c->address, "%s", address);
@@ -413,6 +458,11 @@ relay_client *relay_connect(const char *address, int timeout_ms, relay_error *er
     c->dealer = zmq_socket(c->ctx, ZMQ_DEALER);
     int linger = 0;
     zmq_setsockopt(c->dealer, ZMQ_LINGER, &linger, sizeof linger);
+    if (key_file) {
+        zmq_setsockopt(c->dealer, ZMQ_CURVE_SERVERKEY, server, 41);
+        zmq_setsockopt(c->dealer, ZMQ_CURVE_PUBLICKEY, public_key, 41);
+        zmq_setsockopt(c->dealer, ZMQ_CURVE_SECRETKEY, secret_key, 41);
+    }
     if (zmq_connect(c->dealer, address) < 0) {
         fail(err, RELAY_E_UNAVAILABLE, "cannot connect to %s: %s", address, zmq_strerror(errno));
         relay_close(c);

@@ -108,8 +108,16 @@ typedef struct {
 /* "ipc://<home>/run/router.sock"; home NULL means $RELAY_HOME or ~/.dork/relay. */
 int relay_router_address(const char *home, char *out, size_t size);
 
-/* Connect and say hello. NULL with RELAY_E_UNAVAILABLE when no broker answers in time. */
+/* Connect and say hello. NULL with RELAY_E_UNAVAILABLE when no broker answers in time.
+   On tcp:// with $RELAY_KEY_FILE set, this is relay_connect_curve(address, timeout_ms,
+   $RELAY_KEY_FILE, $RELAY_SERVER_KEY, err). */
 relay_client *relay_connect(const char *address, int timeout_ms, relay_error *err);
+/* The same over CURVE (tcp:// brokers require it, docs/security.md): key_file is this
+   client's ZeroMQ certificate "NAME.key_secret"; server_key the broker's public key as
+   40 Z85 characters or the path of its "server.key". RELAY_E_INVALID_MESSAGE for an
+   unreadable key; a broker that refuses the key answers nothing: RELAY_E_UNAVAILABLE. */
+relay_client *relay_connect_curve(const char *address, int timeout_ms, const char *key_file,
+                                  const char *server_key, relay_error *err);
 /* Say bye (briefly) and close. Messages held unacknowledged stay claimed. */
 void relay_close(relay_client *client);
 /* The signals address the hello reply named. */

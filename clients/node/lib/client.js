@@ -8,6 +8,7 @@
  * unacknowledged messages it pings once a second (the router ends a session silent
  * for 5 s).
  */
+const fs = require("node:fs");
 const os = require("node:os");
 const path = require("node:path");
 const zmq = require("zeromq");
@@ -41,6 +42,10 @@ function routerAddress(home) {
  * @param {number} [options.timeout] deadline of each request, in ms (default 10 s)
  * @param {string} [options.name] a name for the broker's logs
  * @param {string} [options.from] default sender subject of publish()
+ * @param {string} [options.keyFile] tcp:// only: this client's CURVE `.key_secret`
+ *   certificate (default $RELAY_KEY_FILE); see docs/security.md
+ * @param {string} [options.serverKey] tcp:// only: the broker's public key, as Z85 text
+ *   or the path of its `server.key` (default $RELAY_SERVER_KEY)
  * @returns {Promise<Client>} rejects with UnavailableError when no broker answers in time
  */
 async function connect(options = {}) {
@@ -62,10 +67,30 @@ async function connect(options = {}) {
   return client;
 }
 
+/** The Z85 keys in a ZeroMQ certificate file (`NAME.key` or `NAME.key_secret`). */
+function readCertificate(file) {
+  const text = fs.readFileSync(file, "utf8");
+  const key = (name) => (text.match(new RegExp(`${name}\\s*=\\s*"([^"]{40})"`)) || [])[1];
+  return { publicKey: key("public-key"), secretKey: key("secret-key") };
+}
+
+function curveOptions(address, keyFile, serverKey) {
+  keyFile = keyFile || process.env.RELAY_KEY_FILE;
+  serverKey = serverKey || process.env.RELAY_SERVER_KEY;
+  if (!address.startsWith("tcp://") || !keyFile) return {}; // ipc:// checks the uid instead
+  const own = readCertificate(keyFile);
+  if (!own.secretKey) throw new InvalidMessageError(`${keyFile} holds no secret key (use the .key_secret file)`);
+  if (!serverKey) throw new InvalidMessageError("a CURVE key file needs serverKey (the broker's public key)");
+  const server = serverKey.length === 40 && !fs.existsSync(serverKey) ? serverKey : readCertificate(serverKey).publicKey;
+  return { curveServerKey: server, curvePublicKey: own.publicKey, curveSecretKey: own.secretKey };
+}
+
 class Client {
   /** Use `connect()`, which also says hello. */
-  constructor(address, { timeout = DEFAULT_TIMEOUT_MS, from } = {}) {
+  constructor(address, { timeout = DEFAULT_TIMEOUT_MS, from, keyFile, serverKey } = {}) {
     this.address = address;
+    /** CURVE socket options on tcp:// (both sockets), {} elsewhere. */
+    this._curve = curveOptions(address, keyFile, serverKey);
     this.timeout = timeout;
     this.defaultFrom = from;
     /** The hello result: {server, version, signals, shards, limits}. */
@@ -82,7 +107,7 @@ class Client {
     this._heartbeat = null;
     this._signals = null; // {socket, handlers: Map<key, {pattern, prefix, handler}>}
     this._signalKeys = 0;
-    this._dealer = new zmq.Dealer({ linger: 0 });
+    this._dealer = new zmq.Dealer({ linger: 0, ...this._curve });
     this._dealer.connect(address);
     this._receiving = this._receiveLoop();
   }
@@ -392,7 +417,7 @@ class Client {
     subjects.validate(pattern, { wildcards: true });
     if (this.closed) throw new UnavailableError("client is closed");
     if (!this._signals) {
-      const socket = new zmq.Subscriber({ linger: 0 });
+      const socket = new zmq.Subscriber({ linger: 0, ...this._curve });
       socket.connect(this.server.signals);
       this._signals = { socket, handlers: new Map() };
       this._signalLoop(this._signals);
