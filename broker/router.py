@@ -389,11 +389,8 @@ class Router:
             if not bodies:
                 continue
             for part in wire.chunks([len(b) for b in bodies]):
-                frame = (
-                    bodies[part[0]]
-                    if len(part) == 1
-                    else wire.batch(bodies[part[0] : part[-1] + 1])
-                )
+                run = bodies[part.start : part.stop]
+                frame = run[0] if len(run) == 1 else wire.batch(run)
                 if not self._send(identity, [wire.MAGIC, frame]):
                     if identity == only:
                         return False

@@ -226,13 +226,13 @@ class Client:
             elif kind == b"S":  # subscribe the signal socket to a prefix
                 sub.setsockopt(zmq.SUBSCRIBE, frames[1])
         for part in wire.chunks([len(b) for b in bodies], self._batch_limit):
-            first, end = part[0], part[-1] + 1
-            body = bodies[first] if len(part) == 1 else wire.batch(bodies[first:end])
+            run = bodies[part.start : part.stop]
+            body = run[0] if len(run) == 1 else wire.batch(run)
             try:
                 dealer.send_multipart([wire.MAGIC, body], zmq.NOBLOCK)
             except zmq.ZMQError as exc:  # EAGAIN: the queue to an unreachable broker is full
                 error = f"broker at {self.address} unreachable: {exc}"
-                for rid in rids[first:end]:
+                for rid in rids[part.start : part.stop]:
                     self._fail(rid, Unavailable(error))
 
     def _receive(self, dealer: zmq.Socket) -> None:
