@@ -388,9 +388,7 @@ class Router:
             bodies = self._replies.pop(identity, None)
             if not bodies:
                 continue
-            for part in wire.chunks([len(b) for b in bodies]):
-                run = bodies[part.start : part.stop]
-                frame = run[0] if len(run) == 1 else wire.batch(run)
+            for _, frame in wire.frames(bodies):
                 if not self._send(identity, [wire.MAGIC, frame]):
                     if identity == only:
                         return False
@@ -484,15 +482,13 @@ class Router:
             return self._publish_result(message_id, plan, {})
         # Copies for a shard whose writer is down are reported, not sent; the rest go on.
         outcomes: dict[str, tuple[str, str] | None] = {}
+        to_send: list[tuple[Copy, int]] = []
         for copy in writes:
             shard = shard_of(copy.endpoint, self.shards)
-            if shard not in self.writers:
-                outcomes[copy.endpoint] = (
-                    "unavailable",
-                    f"writer for shard {shard} is not running",
-                )
-                self.reliability.never_tried(copy)
-        to_send = [copy for copy in writes if copy.endpoint not in outcomes]
+            if shard in self.writers:
+                to_send.append((copy, shard))
+            else:
+                outcomes[copy.endpoint] = self._writer_down(copy, shard)
         if not to_send:
             return self._publish_result(message_id, plan, outcomes)
         job = self._new_job(
@@ -503,7 +499,7 @@ class Router:
         )
         job.outcomes.update(outcomes)
         token = self._register(job)
-        for copy in to_send:
+        for copy, shard in to_send:
             dead = copy.dead
             header = proto.DeliveryHeader(
                 token,
@@ -517,7 +513,6 @@ class Router:
                 code=dead.code if dead else None,
                 failed_at=dead.failed_at if dead else None,
             )
-            shard = shard_of(copy.endpoint, self.shards)
             job.copies[copy.endpoint] = copy
             job.shards.add(shard)
             self._outgoing.setdefault(shard, []).append((header, copy.data))
@@ -568,12 +563,14 @@ class Router:
                 token, endpoint = header.token, header.endpoint
                 job = self.pending.get(token)
                 if job is not None and endpoint not in job.outcomes:
-                    job.outcomes[endpoint] = (
-                        "unavailable",
-                        f"writer for shard {shard} is not running",
-                    )
-                    self.reliability.never_tried(job.copies[endpoint])
+                    job.outcomes[endpoint] = self._writer_down(job.copies[endpoint], shard)
                     self._progress(token, job)
+
+    def _writer_down(self, copy: Copy, shard: int) -> tuple[str, str]:
+        """The outcome of a copy that never reached a writer: not a failure of its
+        endpoint (the breaker does not count it)."""
+        self.reliability.never_tried(copy)
+        return ("unavailable", f"writer for shard {shard} is not running")
 
     def _publish_result(
         self, message_id: str, plan: PublishPlan, outcomes: dict[str, tuple[str, str] | None]
@@ -1335,7 +1332,9 @@ class Router:
     def _on_new_message(self, message_id: str, endpoint: str, data: bytes | None) -> None:
         """A message is durable in new/: show it to observers, hand it to a consumer."""
         info = self.by_hash.get(endpoint)
-        queue = self.queues.setdefault(endpoint, EndpointQueue())
+        queue = self.queues.get(endpoint)
+        if queue is None:
+            queue = self.queues[endpoint] = EndpointQueue()
         queue.waiting.append(message_id)
         if info is None:
             return

@@ -44,7 +44,14 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file: `spark-submit ops/compact.py`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ops.archive import AFTER_COMMIT, ENVELOPE_SCHEMA, MESSAGES, REJECTIONS, Archive
+from ops.archive import (
+    AFTER_COMMIT,
+    ENVELOPE_SCHEMA,
+    MESSAGE_COLUMNS,
+    MESSAGES,
+    REJECTIONS,
+    Archive,
+)
 from ops.live import (
     FILE_SCHEMA,
     REJECTION_SCHEMA,
@@ -174,27 +181,16 @@ def messages_frame(spark, table, run_id: str, archived_at: int):
 
     df = spark.createDataFrame(table)
     env = F.from_json("envelope", ENVELOPE_SCHEMA)
-    return df.select(
-        "id",
-        "endpoint",
-        "subject",
-        env["publishedTo"].alias("published_to"),
-        "sender",
-        env["replyTo"].alias("reply_to"),
-        env["budget"].alias("budget"),
-        "state",
-        "reason",
-        "reason_code",
-        "created_at",
-        "stored_at",
-        "claimed_at",
-        "finished_at",
-        "size",
-        "envelope",
-        F.lit(run_id).alias("run_id"),
-        F.lit(archived_at).cast("long").alias("archived_at"),
-        F.date_format(F.timestamp_millis("finished_at"), "yyyy-MM-dd").alias("day"),
-    )
+    computed = {
+        "published_to": env["publishedTo"],
+        "reply_to": env["replyTo"],
+        "budget": env["budget"],
+        "run_id": F.lit(run_id),
+        "archived_at": F.lit(archived_at).cast("long"),
+        "day": F.date_format(F.timestamp_millis("finished_at"), "yyyy-MM-dd"),
+    }
+    # MESSAGE_COLUMNS is the one list of the archive's columns and their order.
+    return df.select(*[computed[c].alias(c) if c in computed else c for c in MESSAGE_COLUMNS])
 
 
 def compact(spark, opts: CompactOptions, progress: Progress | None = None) -> CompactSummary:

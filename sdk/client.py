@@ -225,9 +225,7 @@ class Client:
                 sub.connect(frames[1].decode())
             elif kind == b"S":  # subscribe the signal socket to a prefix
                 sub.setsockopt(zmq.SUBSCRIBE, frames[1])
-        for part in wire.chunks([len(b) for b in bodies], self._batch_limit):
-            run = bodies[part.start : part.stop]
-            body = run[0] if len(run) == 1 else wire.batch(run)
+        for part, body in wire.frames(bodies, self._batch_limit):
             try:
                 dealer.send_multipart([wire.MAGIC, body], zmq.NOBLOCK)
             except zmq.ZMQError as exc:  # EAGAIN: the queue to an unreachable broker is full

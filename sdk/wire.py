@@ -224,6 +224,14 @@ def chunks(sizes: Sequence[int], limit: int = MAX_BATCH) -> Iterator[range]:
         yield range(start, len(sizes))
 
 
+def frames(bodies: Sequence[bytes], limit: int = MAX_BATCH) -> Iterator[tuple[range, bytes]]:
+    """The body frames that carry ``bodies`` in order: a lone body as itself, runs of
+    them as batches (see `chunks`); each with the indices of the bodies it holds."""
+    for part in chunks([len(b) for b in bodies], limit):
+        run = bodies[part.start : part.stop]
+        yield part, run[0] if len(run) == 1 else batch(run)
+
+
 def batch(bodies: Sequence[bytes]) -> bytes:
     """One frame holding already-packed maps as a msgpack array: no re-encoding."""
     n = len(bodies)

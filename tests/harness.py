@@ -92,6 +92,30 @@ class Broker:
         self.logs = Path(tempfile.mkdtemp(prefix="relay-logs-"))
         self._clients: list[Client] = []
 
+    @classmethod
+    def on_tcp(cls, keys: Sequence[tuple[str, Sequence[str], bool]]) -> Broker:
+        """A one-shard broker (not started) on tcp:// for requests and signals, whose
+        auth.json lists a CURVE key per (name, sender patterns, admin) in keys/; its own
+        clients (readiness, `client()`) use the first key."""
+        address = f"tcp://127.0.0.1:{free_port()}"
+        broker = cls(
+            shards=1,
+            router_args=[
+                "--address",
+                address,
+                "--signals-address",
+                f"tcp://127.0.0.1:{free_port()}",
+            ],
+        )
+        broker.home.create()
+        for name, senders, admin in keys:
+            args = ["auth", "add-key", name, *[f"--sender={s}" for s in senders]]
+            result = broker.relay(*args, *(["--admin"] if admin else []))
+            assert result.returncode == 0, result.stderr
+        first = broker.home.keys / f"{keys[0][0]}.key_secret"
+        broker.client_options = {"address": address, "key_file": first}
+        return broker
+
     def _spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
         cmd = [sys.executable, "-m", "broker.cli", "--home", str(self.home.root), *args]
@@ -175,7 +199,11 @@ class Broker:
         )
 
     def __enter__(self) -> Broker:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # __exit__ will not run: leave no process or directory
+            self.cleanup()
+            raise
 
     def __exit__(self, *exc: Any) -> None:
         self.cleanup()

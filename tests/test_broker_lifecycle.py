@@ -117,8 +117,7 @@ def test_a_writer_restart_gives_consumers_their_credit_and_the_backlog_back(brok
     broker.procs[shard].send_signal(signal.SIGSTOP)  # claims queue up at a frozen writer
     got = []
     client.subscribe(A, lambda e: got.append(e.id), credit=5)
-    broker.procs[shard].send_signal(signal.SIGKILL)
-    broker.procs[shard].wait(10)
+    broker.kill(shard)
     broker.start_writer(int(shard[-1]))
     broker.wait_ready()
     wait_for(lambda: sorted(got) == ids, what="the backlog after the writer restart")

@@ -10,7 +10,7 @@ import pytest
 
 from sdk.paths import UNROUTABLE
 from sdk.types import AccessRule, RuleAction, Signal, SignalType, default_budget
-from tests.harness import wait_for
+from tests.harness import signals_flowing, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -118,7 +118,7 @@ def test_signals_reach_matching_handlers_and_never_touch_disk(broker):
     def typing(state):
         return Signal(SignalType.TYPING, state, A, now_ms(), {"who": "me"})
 
-    wait_for(lambda: client.signal(A, typing("probe")) or got, what="the signal path to join")
+    signals_flowing(client, A)
     got.clear()
     client.signal(A, typing("active"))
     wait_for(lambda: any(s.state == "active" for _, s in got), what="the typing signal")

@@ -34,6 +34,15 @@ ENDPOINTS = [f"relay.agent.fault.e{i}" for i in range(6)]
 UNLIMITED = {"rateLimit": {"enabled": False}, "backpressure": {"maxMailboxSize": 10**6}}
 
 
+def burst_client(broker: Broker, timeout: float):
+    """A client of the broker with ENDPOINTS registered and no rate limit in the way."""
+    client = broker.client(timeout=timeout)
+    for subject in ENDPOINTS:
+        client.register_endpoint(subject)
+    client.set_config(UNLIMITED)
+    return client
+
+
 def burst(client, count: int, on_result, in_flight: int = 200) -> list[Future]:
     """Publish count messages over the endpoints, at most in_flight unanswered at once."""
     slots = threading.Semaphore(in_flight)
@@ -76,10 +85,7 @@ def assert_durable(broker: Broker, client, futures: list[Future]) -> int:
 
 
 def test_killing_a_writer_mid_burst_loses_no_acknowledged_publish(broker):
-    client = broker.client(timeout=30)
-    for subject in ENDPOINTS:
-        client.register_endpoint(subject)
-    client.set_config(UNLIMITED)
+    client = burst_client(broker, timeout=30)
     answered = []
     killed = threading.Event()
 
@@ -111,10 +117,7 @@ WRITER_STEPS = [
 
 @pytest.mark.parametrize("step", WRITER_STEPS)
 def test_a_writer_killed_between_two_steps_loses_no_acknowledged_publish(broker, step):
-    client = broker.client(timeout=30)
-    for subject in ENDPOINTS:
-        client.register_endpoint(subject)
-    client.set_config(UNLIMITED)
+    client = burst_client(broker, timeout=30)
     before = burst(client, 300, lambda _future: None)  # acknowledged by both writers
     assert all(f.result(30).delivered_to == 1 for f in before)
     # The next writer of shard 0 kills itself (SIGKILL) the first time it reaches step.
@@ -144,10 +147,7 @@ def test_a_writer_killed_between_two_steps_loses_no_acknowledged_publish(broker,
 
 
 def test_killing_the_router_mid_burst_loses_no_acknowledged_publish(broker):
-    client = broker.client(timeout=5)
-    for subject in ENDPOINTS:
-        client.register_endpoint(subject)
-    client.set_config(UNLIMITED)
+    client = burst_client(broker, timeout=5)
     answered = []
 
     def on_result(_future):

@@ -21,7 +21,7 @@ from sdk import wire
 from sdk.curve import create_certificate
 from sdk.errors import NotAuthorized, SenderNotAllowed
 from sdk.types import AccessRule, RuleAction, Signal, SignalType
-from tests.harness import Broker, free_port, signals_flowing, wait_for
+from tests.harness import Broker, signals_flowing, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -46,27 +46,8 @@ def refused(call) -> bool:
 @pytest.fixture
 def tcp_broker():
     """A broker on tcp:// with two client keys: an admin and projA (its own senders)."""
-    b = Broker(
-        shards=1,
-        router_args=[
-            "--address",
-            f"tcp://127.0.0.1:{free_port()}",
-            "--signals-address",
-            f"tcp://127.0.0.1:{free_port()}",
-        ],
-    )
-    b.home.create()
-    for name, senders, admin in (("ops", [">"], ["--admin"]), ("projA", [f"{PROJ_A}.>"], [])):
-        args = ["auth", "add-key", name, *admin]
-        result = b.relay(*args, *[f"--sender={s}" for s in senders])
-        assert result.returncode == 0, result.stderr
-    address = b.router_args[1]
-    b.client_options = {"address": address, "key_file": b.home.keys / "ops.key_secret"}
-    try:
-        b.start()
+    with Broker.on_tcp([("ops", [">"], True), ("projA", [f"{PROJ_A}.>"], False)]) as b:
         yield b
-    finally:
-        b.cleanup()
 
 
 def test_a_listed_curve_key_publishes_as_its_senders_only(tcp_broker):
@@ -179,18 +160,7 @@ def test_removing_a_key_revokes_the_open_connection_and_its_signals(tcp_broker):
 
 
 def test_the_owners_senders_can_be_restricted_and_it_applies_at_once(broker):
-    client = broker.client()
-    client.register_endpoint("relay.agent.a.inbox")
-    client.publish("relay.agent.a.inbox", "before", sender="relay.agent.b.x")
-    write_auth(broker, {"uids": {str(os.getuid()): {"senders": ["relay.agent.a.>"]}}})
-
-    wait_for(
-        lambda: refused(
-            lambda: client.publish("relay.agent.a.inbox", "x", sender="relay.agent.b.x")
-        ),
-        10,
-        what="auth.json to apply",
-    )
+    client = owner_restricted_to_a(broker)
     assert client.publish("relay.agent.a.inbox", "ok", sender="relay.agent.a.me").delivered_to
     with pytest.raises(SenderNotAllowed):
         typing = Signal(SignalType.TYPING, "active", "relay.agent.a.inbox", 0)

@@ -819,11 +819,10 @@ def deliver_batch(
             results[i] = InvalidMessage(f"message id {message_id!r:.40} is not a ULID")
             continue
         tmp = f"{mailbox.tmp_dir}/{message_id}.{pid}"
-        what = f"deliver {message_id} to {mailbox.endpoint}"
         try:
             fd = os.open(tmp, _OPEN_NEW, FILE_MODE)
         except OSError as exc:
-            results[i] = _storage_error(what, exc)
+            results[i] = _delivery_error(mailbox, message_id, exc)
             continue
         keep = False
         try:
@@ -836,7 +835,7 @@ def deliver_batch(
                 keep = True
         except OSError as exc:
             _unlink_quiet(tmp)
-            results[i] = _storage_error(what, exc)
+            results[i] = _delivery_error(mailbox, message_id, exc)
             continue
         finally:
             if not keep:
@@ -862,16 +861,15 @@ def deliver_batch(
     renamed = []
     for entry in written:
         i, mailbox, message_id, tmp, target_dir, _, dev = entry
-        what = f"deliver {message_id} to {mailbox.endpoint}"
         if dev in failed_dev:
             _unlink_quiet(tmp)
-            results[i] = _storage_error(what, failed_dev[dev])
+            results[i] = _delivery_error(mailbox, message_id, failed_dev[dev])
             continue
         try:
             os.rename(tmp, f"{target_dir}/{message_id}")
         except OSError as exc:
             _unlink_quiet(tmp)
-            results[i] = _storage_error(what, exc)
+            results[i] = _delivery_error(mailbox, message_id, exc)
             continue
         renamed.append(entry)
     fault_point(AFTER_RENAME)
@@ -885,8 +883,13 @@ def deliver_batch(
             results[i] = stored_at
         else:
             _unlink_quiet(f"{target_dir}/{message_id}")  # not durable: take it back
-            results[i] = _storage_error(f"deliver {message_id} to {mailbox.endpoint}", exc)
+            results[i] = _delivery_error(mailbox, message_id, exc)
     return results  # type: ignore[return-value]
+
+
+def _delivery_error(mailbox: Mailbox, message_id: str, exc: OSError) -> StorageError:
+    # Built only on failure: deliver_batch's loops run once per message.
+    return _storage_error(f"deliver {message_id} to {mailbox.endpoint}", exc)
 
 
 # Above this many directories on one filesystem, one syncfs makes the renames durable

@@ -63,7 +63,8 @@ class DeliveryHeader(NamedTuple):
 
 def deliver(items: list[tuple[DeliveryHeader, bytes]]) -> list[bytes]:
     """One message carrying many deliveries: (header, file bytes) pairs."""
-    return [DELIVER, packb([list(header) for header, _ in items]), *(data for _, data in items)]
+    # A NamedTuple packs as a msgpack array already.
+    return [DELIVER, packb([header for header, _ in items]), *(data for _, data in items)]
 
 
 def claim(sub: int, message_id: str, endpoint: str) -> list[bytes]:

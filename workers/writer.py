@@ -236,10 +236,7 @@ class Writer:
     def _deliver(
         self, deliveries: list[tuple[proto.DeliveryHeader, bytes]], changes: IndexChanges
     ) -> list[bytes]:
-        items = [
-            (self.mailboxes.get(h.endpoint) or self._watch(h.endpoint), h.id, data, h.target)
-            for h, data in deliveries
-        ]
+        items = [(self._watch(h.endpoint), h.id, data, h.target) for h, data in deliveries]
         results: list[list[Any]] = []
         for (h, data), outcome in zip(deliveries, deliver_batch(items), strict=True):
             if isinstance(outcome, Exception):

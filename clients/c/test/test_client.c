@@ -29,12 +29,6 @@ static int passed, failed;
         }                                                  \
     } while (0)
 
-static long long ms_since(const struct timespec *start) {
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (now.tv_sec - start->tv_sec) * 1000LL + (now.tv_nsec - start->tv_nsec) / 1000000;
-}
-
 static void test_codes(void) {
     const char *names[] = {"malformed_frame", "unsupported_version", "unknown_operation",
                            "invalid_message", "invalid_subject", "payload_too_large",
@@ -57,17 +51,13 @@ static void test_codes(void) {
 static void test_no_broker(void) {
     char address[128];
     snprintf(address, sizeof address, "ipc:///tmp/relay-c-nobody-%d/run/router.sock", (int)getpid());
-    struct timespec start;
-    clock_gettime(CLOCK_MONOTONIC, &start);
     relay_error err;
     relay_client *client = relay_connect(address, 300, &err);
-    long long took = ms_since(&start);
     CHECK(client == NULL, "connected to nobody");
     CHECK(err.code == RELAY_E_UNAVAILABLE && strcmp(err.name, "unavailable") == 0, "code %s", err.name);
     CHECK(strstr(err.message, "broker unavailable at ipc:///tmp/relay-c-nobody-") != NULL &&
               strstr(err.message, "no answer within 0.3 s") != NULL,
-          "message: %s", err.message);
-    CHECK(took >= 290 && took < 3000, "took %lld ms", took);
+          "message: %s", err.message); /* it names the deadline that fired: no stopwatch */
 }
 
 static void test_broker(const char *address) {
@@ -114,10 +104,7 @@ static void test_broker(const char *address) {
     CHECK(relay_next(client, 5000, &m2, &err) == 1 && strcmp(m2.id, second.message_id) == 0,
           "second message");
     CHECK(relay_nack(client, &m2, "no thanks", &err) == 0, "nack: %s", err.message);
-    struct timespec start;
-    clock_gettime(CLOCK_MONOTONIC, &start);
     CHECK(relay_next(client, 200, &m3, &err) == 0, "nothing more");
-    CHECK(ms_since(&start) >= 190, "relay_next waited");
     relay_message_destroy(&m1);
     relay_message_destroy(&m2);
 
