@@ -116,6 +116,7 @@ class Pending:
     results: list[Any] = field(default_factory=list)
     shards: set[int] = field(default_factory=set)
     error: RelayError | None = None
+    message_id: str = ""  # a publish's message
     copies: dict[str, Copy] = field(default_factory=dict)  # a publish's writes, by endpoint
     # endpoint -> None (durable) or (code, message) when the copy was not stored
     outcomes: dict[str, tuple[str, str] | None] = field(default_factory=dict)
@@ -153,7 +154,8 @@ class Router:
         self.queues: dict[str, EndpointQueue] = {}
         self.consumers = Consumers()
         self.pending: dict[int, Pending] = {}
-        # Claims sent and not yet answered, per shard: (id, endpoint) -> subscription.
+        # Claims sent and not yet answered, per shard: (id, endpoint) -> subscription;
+        # a copy sent to be stored claimed (proto.TARGET_CUR) counts as a claim.
         self._claims: dict[int, dict[tuple[str, str], int]] = {}
         # Copies decided while reading the client socket, per shard, sent after the pass.
         self._outgoing: dict[int, list[tuple[proto.DeliveryHeader, bytes]]] = {}
@@ -498,6 +500,7 @@ class Router:
             lambda job: self._publish_result(message_id, plan, job.outcomes),
         )
         job.outcomes.update(outcomes)
+        job.message_id = message_id
         token = self._register(job)
         for copy, shard in to_send:
             dead = copy.dead
@@ -508,7 +511,7 @@ class Router:
                 copy.subject,
                 sender,
                 now,
-                target=proto.TARGET_FAILED if dead else proto.TARGET_NEW,
+                target=proto.TARGET_FAILED if dead else self._store_target(message_id, copy, shard),
                 reason=dead.reason if dead else None,
                 code=dead.code if dead else None,
                 failed_at=dead.failed_at if dead else None,
@@ -553,6 +556,40 @@ class Router:
         except (RelayError, OSError, ValueError, KeyError, TypeError):
             return None  # moved meanwhile, compacted, or not a Relay envelope
 
+    def _store_target(self, message_id: str, copy: Copy, shard: int) -> str:
+        """Where a delivered copy goes: straight into cur/, claimed, when a consumer with
+        credit waits for its endpoint and nothing older for it is queued, being claimed
+        or on its way into new/ (FIFO per endpoint holds); else into new/. Stored
+        claimed, a message costs one group commit before its consumer has it, not two
+        (a store, then a claim)."""
+        endpoint = copy.endpoint
+        queue = self.queues.setdefault(endpoint, EndpointQueue())
+        info = self.by_hash.get(endpoint)
+        if info is not None and not queue.depth and not queue.storing:
+            sub = self.consumers.pick_consumer(info.subject)
+            if sub is not None:
+                sub.inflight += 1
+                self._claims.setdefault(shard, {})[(message_id, endpoint)] = sub.id
+                return proto.TARGET_CUR
+        queue.storing.add(message_id)
+        return proto.TARGET_NEW
+
+    def _settle_copy(self, message_id: str, endpoint: str) -> int | None:
+        """A copy's store was answered or given up on: it no longer holds back its
+        endpoint's queue. Returns the subscription it was stored claimed for, if any."""
+        queue = self.queues.get(endpoint)
+        if queue is not None:
+            queue.storing.discard(message_id)
+        return self._claims.get(shard_of(endpoint, self.shards), {}).pop(
+            (message_id, endpoint), None
+        )
+
+    def _release(self, sub_id: int | None) -> None:
+        """Give back the credit a claim that handed nothing out took."""
+        sub = self.consumers.subs.get(sub_id) if sub_id is not None else None
+        if sub is not None:
+            sub.inflight = max(0, sub.inflight - 1)
+
     def _flush_deliveries(self) -> None:
         """Send the copies decided in this pass: one message per shard (protocol.deliver)."""
         outgoing, self._outgoing = self._outgoing, {}
@@ -561,6 +598,7 @@ class Router:
                 continue
             for header, _ in items:
                 token, endpoint = header.token, header.endpoint
+                self._release(self._settle_copy(header.id, endpoint))
                 job = self.pending.get(token)
                 if job is not None and endpoint not in job.outcomes:
                     job.outcomes[endpoint] = self._writer_down(job.copies[endpoint], shard)
@@ -1289,6 +1327,7 @@ class Router:
         for endpoint, queue in list(self.queues.items()):
             if shard_of(endpoint, self.shards) == shard:
                 queue.claiming = 0
+                queue.storing.clear()
                 self._requeue_from_disk(endpoint)
 
     def _requeue_from_disk(self, endpoint: str) -> None:
@@ -1317,31 +1356,41 @@ class Router:
     ) -> None:
         job = self.pending.get(token)
         copy = job.copies.get(endpoint) if job is not None else None
+        claimed_for = self._settle_copy(message_id, endpoint)
         if copy is None:
             # The publisher already had its answer (deadline passed), but the copy may be
-            # durable in new/ all the same: the Maildir says what waits there.
-            if stored_at is not None and endpoint in self.queues:
+            # durable all the same. Stored claimed, it goes back to new/ (its consumer
+            # was never told); the Maildir says what waits in new/.
+            self._release(claimed_for)
+            if stored_at is not None and claimed_for is not None:
+                self._put_back(message_id, endpoint)
+            elif stored_at is not None and endpoint in self.queues:
                 self._requeue_from_disk(endpoint)
             return
-        if stored_at is not None and copy.dead is None:
+        if stored_at is None:
+            self._release(claimed_for)
+            self._dispatch(endpoint)
+        elif copy.dead is None and claimed_for is None:
             self._on_new_message(message_id, endpoint, copy.data)
+        elif copy.dead is None:
+            self._show_observers(message_id, endpoint, copy.data)
+            self._hand_out(claimed_for, message_id, endpoint, copy.data)
         self.reliability.outcome(copy, success=stored_at is not None, now=now_ms())
         job.outcomes[endpoint] = None if stored_at is not None else (code, message)
         self._progress(token, job)
 
     def _on_new_message(self, message_id: str, endpoint: str, data: bytes | None) -> None:
         """A message is durable in new/: show it to observers, hand it to a consumer."""
-        info = self.by_hash.get(endpoint)
-        queue = self.queues.get(endpoint)
-        if queue is None:
-            queue = self.queues[endpoint] = EndpointQueue()
-        queue.waiting.append(message_id)
-        if info is None:
-            return
+        self.queues.setdefault(endpoint, EndpointQueue()).waiting.append(message_id)
         if data is not None:
+            self._show_observers(message_id, endpoint, data)
+        self._dispatch(endpoint)
+
+    def _show_observers(self, message_id: str, endpoint: str, data: bytes) -> None:
+        info = self.by_hash.get(endpoint)
+        if info is not None:
             for sub in self.consumers.observers(info.subject):
                 self._push(sub.client, wire.encode_push(sub.id, message_id, endpoint, data))
-        self._dispatch(endpoint)
 
     def _dispatch(self, endpoint: str) -> None:
         info = self.by_hash.get(endpoint)
@@ -1380,24 +1429,26 @@ class Router:
         queue = self.queues.get(endpoint)
         if queue is not None:
             queue.claiming = max(0, queue.claiming - 1)
-        sub = self.consumers.subs.get(sub_id)
         if code is not None:
             if code != "already_claimed":
                 log.warning("claim of %s/%s failed: %s %s", endpoint, message_id, code, message)
-            if sub is not None:
-                sub.inflight -= 1
+            self._release(sub_id)
             self._dispatch(endpoint)
             return
+        self._hand_out(sub_id, message_id, endpoint, data or b"")
+
+    def _hand_out(self, sub_id: int, message_id: str, endpoint: str, data: bytes) -> None:
+        """Push a message claimed for a subscription to its client."""
+        sub = self.consumers.subs.get(sub_id)
         if sub is None:  # the subscriber left while the claim was in flight
             self._put_back(message_id, endpoint)
             return
-        push = wire.encode_push(sub.id, message_id, endpoint, data or b"")
-        if not self._push(sub.client, push):
+        if not self._push(sub.client, wire.encode_push(sub.id, message_id, endpoint, data)):
             # Its client is gone (the push found no peer): the message was never handed
             # out, so it goes back to new/ rather than stay claimed by nobody.
             self._put_back(message_id, endpoint)
             return
-        self.consumers.handed_out(sub, message_id, endpoint, _sender_of(data or b""))
+        self.consumers.handed_out(sub, message_id, endpoint, _sender_of(data))
 
     def _put_back(self, message_id: str, endpoint: str) -> None:
         """Return a claimed message nobody received to new/ (the writer's reply requeues it)."""

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 
 import pytest
+from inotify_simple import INotify
+from inotify_simple import flags as iflags
 
 from sdk.types import Envelope
 from tests.harness import signals_flowing, wait_for
@@ -232,3 +235,86 @@ def test_an_operator_cannot_fail_a_message_nobody_has_claimed(broker):
     with pytest.raises(InvalidState, match="only claimed"):
         client.fail(message_id, info.hash)
     assert client.status()["endpoints"][0]["depth"] == 1
+
+
+def _events_in_new(info) -> INotify:
+    """An inotify watch on the endpoint's new/: any file that lands there shows."""
+    watch = INotify()
+    watch.add_watch(os.path.join(info.maildir_path, "new"), iflags.CREATE | iflags.MOVED_TO)
+    return watch
+
+
+def test_a_message_for_a_waiting_consumer_is_stored_claimed_and_never_waits_in_new(broker):
+    client = broker.client()
+    info = client.register_endpoint(A)
+    inbox = Inbox()
+    client.subscribe(A, inbox, credit=5)
+    watch = _events_in_new(info)
+    try:
+        ids = [client.publish(A, i, sender=SENDER).message_id for i in range(3)]
+        wait_for(lambda: len(inbox.items) == 3, what="three messages at the handler")
+        # One commit stored them claimed: nothing ever landed in new/ ...
+        assert watch.read(timeout=0) == []
+    finally:
+        watch.close()
+    assert [e.id for e in inbox.items] == ids
+    for message_id in ids:
+        # ... claimed the moment it was stored, and done once acknowledged.
+        copy = wait_for(
+            lambda i=message_id: (c := client.trace(i)["copies"][0])["state"] == "done" and c,
+            what="the ack to mark the message done",
+        )
+        assert copy["claimedAt"] == copy["storedAt"]
+
+
+def test_order_holds_when_messages_switch_between_stored_claimed_and_queued(broker):
+    client = broker.client()
+    info = client.register_endpoint(A)
+    inbox = Inbox()
+    release = threading.Event()
+
+    def slow(envelope):
+        inbox(envelope)
+        release.wait(20)
+
+    client.subscribe(A, slow, credit=1)
+    # The first takes the only credit (stored claimed); the rest queue in new/ ...
+    futures = [client.publish_async(A, i, sender=SENDER) for i in range(10)]
+    ids = [f.result(10).message_id for f in futures]
+    wait_for(lambda: inbox.items, what="the first message")
+    assert client.status()["endpoints"][0]["depth"] == 9
+    release.set()
+    wait_for(lambda: len(inbox.items) == 10, what="the queued messages")
+    # ... and once the queue is empty, the next is stored claimed again, after them.
+    watch = _events_in_new(info)
+    try:
+        ids.append(client.publish(A, 10, sender=SENDER).message_id)
+        wait_for(lambda: len(inbox.items) == 11, what="the eleventh message")
+        assert watch.read(timeout=0) == []
+    finally:
+        watch.close()
+    assert [e.id for e in inbox.items] == ids
+    assert inbox.payloads() == list(range(11))
+
+
+def test_a_message_stored_for_a_consumer_that_left_meanwhile_goes_to_the_next(broker):
+    leaving, staying = broker.client(), broker.client()
+    info = leaving.register_endpoint(A)
+    leaving.subscribe(A, Inbox())
+    for shard in range(broker.shards):  # the writers hold the copy until the consumer left
+        broker.procs[f"writer{shard}"].send_signal(signal.SIGSTOP)
+    try:
+        # Same connection, so the router decides the publish (stored claimed for
+        # `leaving`, its only consumer) before it reads the goodbye.
+        leaving.publish_async(A, "orphan", sender=SENDER)
+        leaving.close()
+    finally:
+        for shard in range(broker.shards):
+            broker.procs[f"writer{shard}"].send_signal(signal.SIGCONT)
+    # Nobody was told about it: it goes back to new/, not pending for nobody ...
+    wait_for(lambda: os.listdir(os.path.join(info.maildir_path, "new")), what="the orphan in new/")
+    assert staying.pending(A) == []
+    # ... and the next consumer gets it.
+    inbox = Inbox()
+    staying.subscribe(A, inbox)
+    wait_for(lambda: inbox.payloads() == ["orphan"], what="the orphan at the next consumer")

@@ -409,6 +409,23 @@ def test_deliver_batch_with_a_duplicate_id_fails_the_duplicate_only(box: Mailbox
     assert files_in(box.tmp_dir) == []
 
 
+def test_deliver_batch_stores_a_cur_item_claimed_at_its_stored_time(box: Mailbox) -> None:
+    # Given a batch where one copy already has a consumer waiting for it
+    waiting, waiting_data = make_envelope()
+    claimed, claimed_data = make_envelope()
+    results = deliver_batch(
+        [(box, waiting, waiting_data, "new"), (box, claimed, claimed_data, "cur")]
+    )
+    # Then it skips new/: claimed since the moment it was stored, and completable
+    assert box.list_new() == [waiting]
+    [name] = files_in(box.cur_dir)
+    assert name == f"{claimed},C={results[1]}:2,"
+    assert box.read(claimed) == (State.CLAIMED, claimed_data)
+    box.complete(claimed, results[1] + 1)
+    assert box.find(claimed)[0] is State.DONE
+    assert files_in(box.tmp_dir) == []
+
+
 def test_deliver_batch_of_one_takes_the_single_file_path(box: Mailbox) -> None:
     message_id, data = make_envelope()
     [stored_at] = deliver_batch([(box, message_id, data, "new")])

@@ -39,6 +39,8 @@ deliver_batch (group commit): the same steps, each done for the whole batch
     2. one syncfs() per filesystem in the batch (fsync when a filesystem has a single
        file: same durability without flushing unrelated dirty data) [maildir.after_sync]
     3. rename each tmp file into its target dir                  [maildir.after_rename]
+       (``cur/<id>,C=<stored_at>:2,`` for a copy stored claimed: a consumer with
+       credit was waiting, so the copy skips new/ and the second commit a claim costs)
     4. fsync each distinct target dir once                       [maildir.after_dir_sync]
     Crash states are those of single delivery, for each file independently: some
     files may already be in new/ and others still in tmp/; none is acknowledged.
@@ -150,7 +152,7 @@ FAULT_POINTS = (
     FAIL_AFTER_UNLINK,
 )
 
-Target = Literal["new", "failed"]
+Target = Literal["new", "cur", "failed"]  # cur: stored already claimed (deliver_batch)
 
 
 # --------------------------------------------------------------------------- file names
@@ -810,11 +812,11 @@ def deliver_batch(
     on_dev: dict[int, int] = {}  # st_dev -> how many files
 
     for _, _, _, target in items:
-        if target not in ("new", "failed"):
-            raise ValueError(f"target must be 'new' or 'failed', got {target!r}")
+        if target not in ("new", "cur", "failed"):
+            raise ValueError(f"target must be 'new', 'cur' or 'failed', got {target!r}")
 
     for i, (mailbox, message_id, data, target) in enumerate(items):
-        target_dir = mailbox.new_dir if target == "new" else mailbox.failed_dir
+        target_dir = getattr(mailbox, f"{target}_dir")
         if not is_id(message_id):  # never a path: it becomes one
             results[i] = InvalidMessage(f"message id {message_id!r:.40} is not a ULID")
             continue
@@ -858,31 +860,35 @@ def deliver_batch(
             os.close(fd)
     fault_point(AFTER_SYNC)
 
-    renamed = []
-    for entry in written:
-        i, mailbox, message_id, tmp, target_dir, _, dev = entry
+    renamed = []  # (index, mailbox, id, path in its target dir, stored_at, st_dev)
+    for i, mailbox, message_id, tmp, target_dir, stored_at, dev in written:
         if dev in failed_dev:
             _unlink_quiet(tmp)
             results[i] = _delivery_error(mailbox, message_id, failed_dev[dev])
             continue
+        name = message_id
+        if target_dir == mailbox.cur_dir:  # stored claimed, at the time it was stored
+            name = format_name(message_id, claimed_at=stored_at, flags="")
         try:
-            os.rename(tmp, f"{target_dir}/{message_id}")
+            os.rename(tmp, f"{target_dir}/{name}")
         except OSError as exc:
             _unlink_quiet(tmp)
             results[i] = _delivery_error(mailbox, message_id, exc)
             continue
-        renamed.append(entry)
+        renamed.append((i, mailbox, message_id, target_dir, name, stored_at, dev))
     fault_point(AFTER_RENAME)
 
-    dir_error = _sync_dirs({entry[4]: entry[6] for entry in renamed})
+    dir_error = _sync_dirs({entry[3]: entry[6] for entry in renamed})
     fault_point(AFTER_DIR_SYNC)
 
-    for i, mailbox, message_id, _, target_dir, stored_at, _ in renamed:
+    for i, mailbox, message_id, target_dir, name, stored_at, _ in renamed:
         exc = dir_error[target_dir]
         if exc is None:
             results[i] = stored_at
+            if name != message_id:
+                mailbox._claimed[message_id] = name
         else:
-            _unlink_quiet(f"{target_dir}/{message_id}")  # not durable: take it back
+            _unlink_quiet(f"{target_dir}/{name}")  # not durable: take it back
             results[i] = _delivery_error(mailbox, message_id, exc)
     return results  # type: ignore[return-value]
 

@@ -10,8 +10,10 @@ Router → writer, ``[kind, msgpack header]`` or ``[kind, header, data]``:
              decided in one pass over its socket, for this shard, in one message
              (one send and one wake-up, not one per copy). A header is ``[token, id,
              endpoint, subject, sender, created_at, target, reason, code, failed_at]``
-             and its data frame the file bytes; target is ``new`` or ``failed`` (a dead
-             letter, with the reason, code and time in its file).
+             and its data frame the file bytes; target is ``new``, ``cur`` (stored
+             claimed: the router picked a waiting consumer with credit for it, and
+             pushes it when ``stored`` comes back) or ``failed`` (a dead letter, with
+             the reason, code and time in its file).
 ``claim``    ``[sub, id, endpoint]``: move new/ → cur/ for subscription ``sub``.
 ``op``       ``[token, name, args]``: done, fail, requeue, purge, rebuild, watch,
              compact_remove; answered by a ``reply`` with the same token.
@@ -43,6 +45,7 @@ INGESTED = b"ingested"
 REPLY = b"reply"
 
 TARGET_NEW = "new"
+TARGET_CUR = "cur"
 TARGET_FAILED = "failed"
 
 
@@ -55,7 +58,7 @@ class DeliveryHeader(NamedTuple):
     subject: str
     sender: str
     created_at: int
-    target: str = TARGET_NEW  # new, or failed for a dead letter
+    target: str = TARGET_NEW  # new; cur (stored claimed); failed for a dead letter
     reason: str | None = None
     code: str | None = None
     failed_at: int | None = None

@@ -5,7 +5,8 @@ program dropped into a ``new/`` (inotify); take everything that is queued, up to
 `MAX_BATCH`, and handle it as one group commit:
 
 1. write every delivery's file into ``tmp/``, one ``syncfs``, rename each into ``new/``
-   (or ``failed/``), one fsync per directory (workers.maildir.deliver_batch);
+   (``cur/`` when the router had a consumer waiting for it, ``failed/`` for a dead
+   letter), one fsync per directory (workers.maildir.deliver_batch);
 2. claims, completions, failures, requeues (renames);
 3. ONE index transaction for all of the above;
 4. only then tell the router: a publish is acknowledged when it is durable.
@@ -243,7 +244,8 @@ class Writer:
                 results.append([h.token, h.id, h.endpoint, None, "storage_error", str(outcome)])
                 continue
             failed = h.target == proto.TARGET_FAILED
-            if not failed:
+            claimed = h.target == proto.TARGET_CUR
+            if h.target == proto.TARGET_NEW:
                 self._own_renames.add((h.endpoint, h.id))
             changes.inserts.append(
                 MessageRecord(
@@ -251,9 +253,10 @@ class Writer:
                     endpoint=h.endpoint,
                     subject=h.subject,
                     sender=h.sender,
-                    state=State.FAILED if failed else State.NEW,
+                    state=_STORED_STATE[h.target],
                     created_at=h.created_at,
                     stored_at=outcome,
+                    claimed_at=outcome if claimed else None,
                     finished_at=h.failed_at if failed else None,
                     reason=h.reason,
                     reason_code=h.code,
@@ -478,6 +481,13 @@ class IndexChanges:
                 deletes=self.deletes,
             )
         self._clear()
+
+
+_STORED_STATE = {
+    proto.TARGET_NEW: State.NEW,
+    proto.TARGET_CUR: State.CLAIMED,
+    proto.TARGET_FAILED: State.FAILED,
+}
 
 
 def _claimed_at(name: str) -> int:
