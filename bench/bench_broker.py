@@ -8,7 +8,11 @@ Ceilings (raw Python, no Relay code):
   fsync per batch (msg/s);
 - (c) pyzmq DEALER ⇄ ROUTER echo over ipc:// with another process (p50 µs, msgs/s with
   1 and with 100 in flight);
-- (d) pyzmq PUB → SUB over ipc:// from another process (msgs/s received).
+- (d) pyzmq PUB → SUB over ipc:// from another process (msgs/s received);
+- (e) the architecture with no Relay code in it: client → middle process → writer
+  process → middle → client over ipc://, the writer doing (a) plus one index
+  transaction per message (p50/p99 one at a time; publish → consumer at the offered
+  rate). Relay cannot be faster than its own shape.
 
 Relay: durable publish with 1 in flight (one endpoint) and with 100 in flight (8
 endpoints spread over the shards), for 1 and 2 shards; a wildcard publish that fans
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -318,6 +323,147 @@ class RawZmq:
         self.ctx.destroy(0)
 
 
+# --------------------------------------------------------------------------- raw pipeline
+
+
+def _pipe_middle(client_address: str, to_writer: str, from_writer: str) -> None:
+    """Child process: the router's place with nothing in it. A ROUTER for clients, a
+    PUSH to the writer and a PULL back; a stored message is answered to its publisher,
+    or pushed to the consumer when it was sent as ``deliver``."""
+    ctx = zmq.Context()
+    clients, push, pull = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    clients.bind(client_address)
+    push.bind(to_writer)
+    pull.bind(from_writer)
+    poller = zmq.Poller()
+    poller.register(clients, zmq.POLLIN)
+    poller.register(pull, zmq.POLLIN)
+    consumer = b""
+    while True:
+        for sock, _ in poller.poll():
+            if sock is clients:
+                frames = clients.recv_multipart()  # [identity, kind, body]
+                if frames[1] == b"consume":
+                    consumer = frames[0]
+                    clients.send_multipart(frames)
+                elif frames[1] == b"stop":
+                    push.send_multipart(frames)
+                    clients.send_multipart(frames)
+                    ctx.destroy(0)
+                    return
+                else:
+                    push.send_multipart(frames)
+            else:
+                identity, kind, body = pull.recv_multipart()
+                clients.send_multipart([consumer if kind == b"deliver" else identity, kind, body])
+
+
+def _pipe_writer(to_writer: str, from_writer: str, directory: str) -> None:
+    """Child process: the writer's place doing anchor (a)'s work per message and one
+    index row (one apsw transaction, WAL, synchronous=NORMAL: the writer's pragmas)."""
+    import apsw
+
+    index = apsw.Connection(f"{directory}/index.db")
+    index.execute("PRAGMA journal_mode=WAL")
+    index.execute("PRAGMA synchronous=NORMAL")
+    index.execute("CREATE TABLE m (n INTEGER PRIMARY KEY, size INTEGER)")
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    pull.connect(to_writer)
+    push.connect(from_writer)
+    for n in itertools.count():
+        frames = pull.recv_multipart()
+        if frames[1] == b"stop":
+            break
+        tmp, new = f"{directory}/tmp/{n}", f"{directory}/new/{n}"
+        fd = os.open(tmp, _OPEN_NEW, 0o600)
+        os.write(fd, frames[2])
+        os.fsync(fd)
+        os.close(fd)
+        os.rename(tmp, new)
+        _fsync_dir(f"{directory}/new")
+        with index:
+            index.execute("INSERT INTO m VALUES (?, ?)", (n, len(frames[2])))
+        push.send_multipart(frames)
+    ctx.destroy(0)
+
+
+class RawPipeline:
+    """(e) Relay's process shape with no Relay code: client -> middle -> writer ->
+    middle -> client over ipc://, the writer doing (a) and one index transaction per
+    message (no policy, no JSON, no SDK threads). What "durable" (DESIGN.md: flushed,
+    renamed, indexed) costs through four ipc hops and three processes on this machine:
+    the floor of the architecture, for the 1-in-flight and handler rows."""
+
+    def __init__(self, base: Path) -> None:
+        directory = base / "raw-pipeline"
+        (directory / "tmp").mkdir(parents=True)
+        (directory / "new").mkdir()
+        addresses = [f"ipc://{base}/raw-pipe-{name}.sock" for name in ("in", "w", "r")]
+        spawn = multiprocessing.get_context("spawn")
+        self.children = [
+            spawn.Process(target=_pipe_middle, args=addresses, daemon=True),
+            spawn.Process(target=_pipe_writer, args=(*addresses[1:], str(directory)), daemon=True),
+        ]
+        for child in self.children:
+            child.start()
+        self.ctx = zmq.Context()
+        self.publisher, self.consumer = self.ctx.socket(zmq.DEALER), self.ctx.socket(zmq.DEALER)
+        for sock in (self.publisher, self.consumer):
+            sock.connect(addresses[0])
+        self.consumer.send_multipart([b"consume", b""])
+        if not self.consumer.poll(30_000):
+            raise RuntimeError("raw pipeline did not start")
+        self.consumer.recv_multipart()
+        self.body = _envelope(0)
+
+    def single(self) -> dict[str, float]:
+        latencies = []
+        send, recv = self.publisher.send_multipart, self.publisher.recv_multipart
+        for _ in range(SINGLE_N):
+            t0 = time.perf_counter_ns()
+            send([b"publish", self.body])
+            recv()
+            latencies.append((time.perf_counter_ns() - t0) / 1000)
+        return {"p50": _pct(latencies, 50), "p99": _pct(latencies, 99)}
+
+    def handler(self) -> dict[str, float]:
+        """Publish at OFFERED_RATE; a thread receiving for the consumer notes arrivals."""
+        count = int(OFFERED_RATE * OFFERED_SECONDS)
+        latencies: list[float] = []
+
+        def consume() -> None:
+            for _ in range(count):
+                if not self.consumer.poll(30_000):
+                    return
+                sent = int(self.consumer.recv_multipart()[1][:20])
+                latencies.append((time.monotonic_ns() - sent) / 1000)
+
+        receiver = threading.Thread(target=consume)
+        receiver.start()
+        start = time.monotonic()
+        for n in range(count):
+            delay = start + n / OFFERED_RATE - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            stamp = b"%020d" % time.monotonic_ns()
+            self.publisher.send_multipart([b"deliver", stamp + self.body[20:]])
+        receiver.join(60)
+        if len(latencies) != count:
+            raise RuntimeError(f"raw pipeline consumer saw {len(latencies)}/{count}")
+        return {"p50": _pct(latencies, 50), "p99": _pct(latencies, 99)}
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.publisher.send_multipart([b"stop", b""])
+            self.publisher.poll(2000)
+        for child in self.children:
+            child.join(5)
+            if child.is_alive():
+                child.terminate()
+        self.ctx.destroy(0)
+
+
 # --------------------------------------------------------------------------- Relay
 
 
@@ -532,12 +678,17 @@ def rows(rounds: int = 3) -> list[Row]:
     base = base_dir()
     brokers: dict[int, RelayBroker] = {}
     raw_zmq: RawZmq | None = None
+    pipeline: RawPipeline | None = None
     try:
         disk = RawDisk(base)
         raw_zmq = RawZmq(base)
+        pipeline = RawPipeline(base)
         for shards in SHARD_COUNTS:
             brokers[shards] = RelayBroker(shards, base / f"home-{shards}")
-        contenders: dict[str, Callable[[], dict[str, float]]] = {"raw_single": disk.single}
+        contenders: dict[str, Callable[[], dict[str, float]]] = {
+            "raw_single": disk.single,
+            "pipeline_single": pipeline.single,
+        }
         for k, b in brokers.items():
             contenders[f"single_{k}"] = b.publish_single
         contenders["raw_batched"] = disk.batched
@@ -553,6 +704,7 @@ def rows(rounds: int = 3) -> list[Row]:
         contenders["raw_pubsub"] = raw_zmq.pubsub
         for k, b in brokers.items():
             contenders[f"signals_{k}"] = b.signals_pipelined
+        contenders["pipeline_handler"] = pipeline.handler
         for k, b in brokers.items():
             contenders[f"handler_{k}"] = b.handler_latency
         m = _interleave(rounds, contenders)
@@ -563,6 +715,8 @@ def rows(rounds: int = 3) -> list[Row]:
             broker.cleanup()
         if raw_zmq is not None:
             raw_zmq.close()
+        if pipeline is not None:
+            pipeline.close()
         shutil.rmtree(base, ignore_errors=True)
     return _table(m, fs_type(str(base.parent)))
 
@@ -574,7 +728,17 @@ def _shards(k: int) -> str:
 def _table(m: dict[str, dict[str, float]], kind: str) -> list[Row]:
     a, b = m["raw_single"], m["raw_batched"]
     rt, rt_pipe, pubsub = m["raw_rt"], m["raw_rt_pipelined"], m["raw_pubsub"]
-    out: list[Row] = []
+    floor, floor_handler = m["pipeline_single"], m["pipeline_handler"]
+    # The floor itself beside (a): when it is above 2x, so is anything built this way.
+    out: list[Row] = [
+        Row(
+            "(e) the architecture, no Relay code, 1 in flight: p50",
+            floor["p50"],
+            "us",
+            "(a) p50",
+            a["p50"],
+        )
+    ]
     for k in SHARD_COUNTS:
         single, pipe = m[f"single_{k}"], m[f"pipelined_{k}"]
         shard = _shards(k)
@@ -596,6 +760,13 @@ def _table(m: dict[str, dict[str, float]], kind: str) -> list[Row]:
                 single["p50"] <= 2 * a["p50"],
             ),
             Row(f"publish, 1 in flight, {shard}: p99", single["p99"], "us", "(a) p99", a["p99"]),
+            Row(
+                f"publish, 1 in flight, {shard}: p50",
+                single["p50"],
+                "us",
+                "(e) the architecture, no Relay code: p50",
+                floor["p50"],
+            ),
             Row(
                 f"publish, 1 in flight, {shard}: p50",
                 single["p50"],
@@ -661,6 +832,13 @@ def _table(m: dict[str, dict[str, float]], kind: str) -> list[Row]:
                 handler["p50"] <= 1000,
             ),
             Row(f"{what}: p99", handler["p99"], "us", "(a) p99", a["p99"]),
+            Row(
+                f"{what}: p50",
+                handler["p50"],
+                "us",
+                "(e) the architecture, no Relay code: p50",
+                floor_handler["p50"],
+            ),
         ]
     for k in SHARD_COUNTS:
         signals, sync = m[f"signals_{k}"], m[f"signal_sync_{k}"]
