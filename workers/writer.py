@@ -221,10 +221,13 @@ class Writer:
 
         changes = IndexChanges()
         outbox: list[list[bytes]] = []
-        if deliveries:
-            outbox.append(self._deliver(deliveries, changes))
+        # Claims and completions rename first: the deliveries' fsync of cur/ then covers
+        # them too, and a consumer keeping up with its publishers costs one cur/ fsync
+        # per commit, not two.
         for kind, header, data in others:
             outbox.extend(self._handle(kind, header, data, changes))
+        if deliveries:
+            outbox.append(self._deliver(deliveries, changes))
         fault_point(BEFORE_INDEX_COMMIT)  # the files are durable, the index not yet
         try:
             changes.commit(self.index)
@@ -239,12 +242,14 @@ class Writer:
     ) -> list[bytes]:
         items = [(self._watch(h.endpoint), h.id, data, h.target) for h, data in deliveries]
         results: list[list[Any]] = []
-        for (h, data), outcome in zip(deliveries, deliver_batch(items), strict=True):
+        for (h, data), outcome, item in zip(deliveries, deliver_batch(items), items, strict=True):
             if isinstance(outcome, Exception):
                 results.append([h.token, h.id, h.endpoint, None, "storage_error", str(outcome)])
                 continue
             failed = h.target == proto.TARGET_FAILED
             claimed = h.target == proto.TARGET_CUR
+            if claimed:  # deliver_batch fsynced cur/ after this commit's earlier renames
+                changes.synced.add(item[0].cur_dir)
             if h.target == proto.TARGET_NEW:
                 self._own_renames.add((h.endpoint, h.id))
             changes.inserts.append(
@@ -468,9 +473,10 @@ class IndexChanges:
         # fsynced once, before anyone hears of them, instead of once per message (the
         # consume path's cost; bench_broker "publish -> handler").
         self.dirs: set[str] = set()
+        self.synced: set[str] = set()  # of those, fsynced since their renames already
 
     def commit(self, index: MessageIndex) -> None:
-        fsync_dirs(sorted(self.dirs))
+        fsync_dirs(sorted(self.dirs - self.synced))
         if any((self.inserts, self.claims, self.dones, self.fails, self.requeues, self.deletes)):
             index.write(
                 inserts=self.inserts,
