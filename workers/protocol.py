@@ -6,14 +6,14 @@ writer connects a PULL to its shard socket and a PUSH to the results socket.
 
 Router → writer, ``[kind, msgpack header]`` or ``[kind, header, data]``:
 
-``deliver``  ``[kind, msgpack [header, ...], data, ...]``: every copy the router
-             decided in one pass over its socket, for this shard, in one message
-             (one send and one wake-up, not one per copy). A header is ``[token, id,
-             endpoint, subject, sender, created_at, target, reason, code, failed_at]``
-             and its data frame the file bytes; target is ``new``, ``cur`` (stored
-             claimed: the router picked a waiting consumer with credit for it, and
-             pushes it when ``stored`` comes back) or ``failed`` (a dead letter, with
-             the reason, code and time in its file).
+``deliver``  ``[kind, msgpack [[header, ...], [data, ...]]]``: every copy the router
+             decided in one pass over its socket, for this shard, in one frame (one
+             send, one wake-up and one ZeroMQ part, not one per copy). A header is
+             ``[token, id, endpoint, subject, sender, created_at, target, reason, code,
+             failed_at]`` and its data the file bytes; target is ``new``, ``cur``
+             (stored claimed: the router picked a waiting consumer with credit for it,
+             and pushes it when ``stored`` comes back) or ``failed`` (a dead letter,
+             with the reason, code and time in its file).
 ``claim``    ``[sub, id, endpoint]``: move new/ → cur/ for subscription ``sub``.
 ``op``       ``[token, name, args]``: done, fail, requeue, purge, rebuild, watch,
              compact_remove; answered by a ``reply`` with the same token.
@@ -31,6 +31,8 @@ Writer → router:
 from __future__ import annotations
 
 from typing import Any, NamedTuple
+
+import msgpack
 
 from sdk.wire import packb, unpackb
 
@@ -65,9 +67,9 @@ class DeliveryHeader(NamedTuple):
 
 
 def deliver(items: list[tuple[DeliveryHeader, bytes]]) -> list[bytes]:
-    """One message carrying many deliveries: (header, file bytes) pairs."""
+    """One frame carrying many deliveries: (header, file bytes) pairs."""
     # A NamedTuple packs as a msgpack array already.
-    return [DELIVER, packb([header for header, _ in items]), *(data for _, data in items)]
+    return [DELIVER, packb([[header for header, _ in items], [data for _, data in items]])]
 
 
 def claim(sub: int, message_id: str, endpoint: str) -> list[bytes]:
@@ -112,7 +114,9 @@ def decode(frames: list[bytes]) -> tuple[bytes, Any, bytes | None]:
 
 
 def decode_deliveries(frames: list[bytes]) -> list[tuple[DeliveryHeader, bytes]]:
-    headers = unpackb(frames[1])
-    if len(headers) != len(frames) - 2:
-        raise ValueError(f"{len(headers)} delivery headers for {len(frames) - 2} data frames")
-    return [(DeliveryHeader(*h), bytes(f)) for h, f in zip(headers, frames[2:], strict=True)]
+    # Not wire.unpackb: its limits are the client protocol's, and a file may be larger
+    # than any request (a payload's JSON can be longer than its msgpack).
+    headers, datas = msgpack.unpackb(frames[1], raw=False)
+    if len(headers) != len(datas):
+        raise ValueError(f"{len(headers)} delivery headers for {len(datas)} files")
+    return [(DeliveryHeader(*h), data) for h, data in zip(headers, datas, strict=True)]
