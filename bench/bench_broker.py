@@ -477,6 +477,17 @@ def _signal_wire(n: int, round_no: int = 0) -> dict[str, Any]:
     ).to_wire()
 
 
+def _send_signals(home: str, count: int, round_no: int) -> None:
+    """Child process: ``count`` signals without reply; close() flushes them (its bye
+    leaves after them)."""
+    from sdk import connect
+
+    with connect(home, timeout=30) as client:
+        for n in range(count):
+            signal = Signal.from_wire(_signal_wire(n, round_no))
+            client.signal(f"{SUBJECT}.sig", signal, wait=False)
+
+
 class RelayBroker:
     """One broker (router + N writers) and the clients the contenders use."""
 
@@ -649,6 +660,10 @@ class RelayBroker:
             slots.acquire()
             future = request("signal", subject=subject, signal=_signal_wire(n, self.round))
             future.add_done_callback(lambda _f: slots.release())
+        return self._signal_rate()
+
+    def _signal_rate(self) -> dict[str, float]:
+        """Wait for this round's signals to stop arriving; received/s and lost."""
         deadline, seen = time.monotonic() + 10, -1
         while len(self.signal_times) < SIGNAL_N and time.monotonic() < deadline:
             if len(self.signal_times) != seen:  # still arriving: wait on
@@ -658,6 +673,21 @@ class RelayBroker:
         if len(times) < SIGNAL_N * 0.99:
             raise RuntimeError(f"on_signal received {len(times)}/{SIGNAL_N} signals")
         return {"rate": rate(len(times) - 1, times[-1] - times[0]), "lost": SIGNAL_N - len(times)}
+
+    def signals_no_reply(self) -> dict[str, float]:
+        """Signals received by the second client's on_signal, sent with wait=False (no
+        round trip: the SDK puts what queued together in one frame) by a client in
+        another process, as anchor (d) sends from another process."""
+        self.round += 1
+        self.signal_times = []
+        sender = multiprocessing.get_context("spawn").Process(
+            target=_send_signals, args=(str(self.broker.home.root), SIGNAL_N, self.round)
+        )
+        sender.start()
+        try:
+            return self._signal_rate()
+        finally:
+            sender.join(30)
 
     def signals_sync(self) -> dict[str, float]:
         signal = Signal.from_wire(_signal_wire(0, -1))
@@ -704,6 +734,7 @@ def rows(rounds: int = 3) -> list[Row]:
         contenders["raw_pubsub"] = raw_zmq.pubsub
         for k, b in brokers.items():
             contenders[f"signals_{k}"] = b.signals_pipelined
+            contenders[f"signals_no_reply_{k}"] = b.signals_no_reply
         contenders["pipeline_handler"] = pipeline.handler
         for k, b in brokers.items():
             contenders[f"handler_{k}"] = b.handler_latency
@@ -843,6 +874,8 @@ def _table(m: dict[str, dict[str, float]], kind: str) -> list[Row]:
     for k in SHARD_COUNTS:
         signals, sync = m[f"signals_{k}"], m[f"signal_sync_{k}"]
         lost = f", {signals['lost']:.0f} lost" if signals["lost"] else ""
+        no_reply = m[f"signals_no_reply_{k}"]
+        lost_no_reply = f", {no_reply['lost']:.0f} lost" if no_reply["lost"] else ""
         out += [
             Row(
                 f"signals to on_signal, {INFLIGHT} in flight, {_shards(k)}{lost}",
@@ -852,6 +885,15 @@ def _table(m: dict[str, dict[str, float]], kind: str) -> list[Row]:
                 pubsub["rate"],
                 ">= 50% of (d)",
                 signals["rate"] >= 0.5 * pubsub["rate"],
+            ),
+            Row(
+                f"signals to on_signal, signal(wait=False), {_shards(k)}{lost_no_reply}",
+                no_reply["rate"],
+                "sig/s",
+                "(d) PUB/SUB",
+                pubsub["rate"],
+                ">= 50% of (d)",
+                no_reply["rate"] >= 0.5 * pubsub["rate"],
             ),
             Row(
                 f"client.signal() in a loop, {_shards(k)}",

@@ -355,6 +355,9 @@ class Router:
         return len(requests)
 
     def _handle(self, session: Session, who: Identity, request: wire.Request) -> None:
+        if request.op == "signal" and request.get("reply") is False:
+            self._handle_quietly(session, who, request)
+            return
         handler = self._ops.get(request.op)
         try:
             if handler is None:
@@ -372,6 +375,16 @@ class Router:
             return
         if result is not _DEFERRED:
             self._reply(session.identity, wire.ok_body(request.rid, result))
+
+    def _handle_quietly(self, session: Session, who: Identity, request: wire.Request) -> None:
+        """A signal sent without a reply (``"reply": false``): fire and forget, so a
+        refusal is only logged. The checks are the same as for any signal."""
+        try:
+            self._op_signal(session, request, who)
+        except RelayError as exc:
+            log.debug("signal without reply refused: %s %s", exc.code, exc.message)
+        except Exception:
+            log.exception("signal without reply failed")
 
     def _reply(self, identity: bytes, body: bytes) -> None:
         """Replies to a client that asked for batches wait for the end of this loop
@@ -1004,11 +1017,11 @@ class Router:
         )
         self.signals.send_multipart(wire.encode_signal(sender, signal_.to_wire()))
 
-    def _op_signal(self, session: Session, req: wire.Request) -> Any:
+    def _op_signal(self, session: Session, req: wire.Request, who: Identity | None = None) -> Any:
         subject = validate(_str(req, "subject"))
         signal_ = Signal.from_wire(req.get("signal"))
         sender = req.get("from")
-        who = self.auth.identity(session.user)
+        who = who or self.auth.identity(session.user)
         if sender is None and not (who and who.unrestricted):
             raise SenderNotAllowed("a signal from a restricted identity must name its 'from'")
         if signal_.type in ROUTER_SIGNALS and not (who and who.admin):

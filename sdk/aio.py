@@ -156,7 +156,13 @@ class AsyncClient:
 
     # ------------------------------------------------------------------ signals
 
-    async def signal(self, subject: str, signal: Signal, *, sender: str | None = None) -> None:
+    async def signal(
+        self, subject: str, signal: Signal, *, sender: str | None = None, wait: bool = True
+    ) -> None:
+        """As `Client.signal`; with ``wait=False`` it returns without a round trip."""
+        if not wait:  # only queued for the I/O thread: no need to leave the loop
+            self.sync.signal(subject, signal, sender=sender, wait=False)
+            return
         await asyncio.to_thread(self.sync.signal, subject, signal, sender=sender)
 
     async def on_signal(self, pattern: str, handler: Callable[[str, Signal], Any]) -> Unsubscribe:

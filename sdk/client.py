@@ -212,26 +212,27 @@ class Client:
         bodies: list[bytes] = []
         for _ in range(wire.MAX_BATCH):  # bounded: replies and pings get their turn
             try:
-                frames = outbox.recv_multipart(zmq.NOBLOCK)
+                item = outbox.recv(zmq.NOBLOCK)  # one frame: a kind byte, then its data
             except zmq.Again:
                 break
-            kind = frames[0]
-            if kind == b"R":  # a request: [R, rid, magic, body]
-                rid = int.from_bytes(frames[1], "big")
-                if rid in self._futures:  # not already failed (refused, expired): send it
+            kind = item[:1]
+            if kind == b"R":  # a request: 8 bytes of rid (0: no reply wanted), the body
+                rid = int.from_bytes(item[1:9], "big")
+                if not rid or rid in self._futures:  # not failed already (refused, expired)
                     rids.append(rid)
-                    bodies.append(frames[3])
+                    bodies.append(item[9:])
             elif kind == b"C":  # connect the signal socket
-                sub.connect(frames[1].decode())
+                sub.connect(item[1:].decode())
             elif kind == b"S":  # subscribe the signal socket to a prefix
-                sub.setsockopt(zmq.SUBSCRIBE, frames[1])
+                sub.setsockopt(zmq.SUBSCRIBE, item[1:])
         for part, body in wire.frames(bodies, self._batch_limit):
             try:
                 dealer.send_multipart([wire.MAGIC, body], zmq.NOBLOCK)
             except zmq.ZMQError as exc:  # EAGAIN: the queue to an unreachable broker is full
                 error = f"broker at {self.address} unreachable: {exc}"
                 for rid in rids[part.start : part.stop]:
-                    self._fail(rid, Unavailable(error))
+                    if rid:
+                        self._fail(rid, Unavailable(error))
 
     def _receive(self, dealer: zmq.Socket) -> None:
         while True:
@@ -304,12 +305,15 @@ class Client:
                 )
 
     def _receive_signals(self, sub: zmq.Socket) -> None:
-        while True:
+        """Hand what arrived to the signal thread, in one queue item (one wake-up)."""
+        arrived = []
+        for _ in range(1000):  # bounded: replies get their turn
             try:
-                frames = sub.recv_multipart(zmq.NOBLOCK)
+                arrived.append(sub.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
-                return
-            self._signal_queue.put(frames)
+                break
+        if arrived:
+            self._signal_queue.put(arrived)
 
     def request(
         self,
@@ -323,7 +327,7 @@ class Client:
         when no reply comes within ``timeout``, default the client's)."""
         rid = next(self._rids)
         future: Future = Future()
-        frames = wire.encode_request(op, rid, **fields)
+        body = wire.encode_request(op, rid, **fields)[1]
         with self._lock:  # close() takes it too: no send on a closed socket
             if self._closed:
                 raise Unavailable("client is closed")
@@ -331,7 +335,7 @@ class Client:
             self._deadlines[rid] = time.monotonic() + (self.timeout if timeout is None else timeout)
             if before_send is not None:
                 self._pending_subs[rid] = before_send
-            self._outbox.send_multipart([b"R", rid.to_bytes(8, "big"), *frames])
+            self._outbox.send(b"R" + rid.to_bytes(8, "big") + body)
         return future
 
     def _call(self, op: str, *, timeout: float | None = None, **fields: Any) -> Any:
@@ -494,11 +498,23 @@ class Client:
 
     # ------------------------------------------------------------------ signals
 
-    def signal(self, subject: str, signal: Signal, *, sender: str | None = None) -> None:
+    def signal(
+        self, subject: str, signal: Signal, *, sender: str | None = None, wait: bool = True
+    ) -> None:
+        """Publish an ephemeral signal. With ``wait=False`` it is fire and forget: no
+        round trip (many leave in one frame), and a refusal (access rule, sender not
+        allowed, bad subject) is not reported."""
         fields: dict[str, Any] = {"subject": subject, "signal": signal.to_wire()}
         if sender is not None:
             fields["from"] = sender
-        self._call("signal", **fields)
+        if wait:
+            self._call("signal", **fields)
+            return
+        body = wire.encode_request("signal", 0, reply=False, **fields)[1]
+        with self._lock:
+            if self._closed:
+                raise Unavailable("client is closed")
+            self._outbox.send(b"R" + bytes(8) + body)
 
     def on_signal(self, pattern: str, handler: SignalHandler) -> Callable[[], None]:
         """Call handler(subject, signal) for each signal whose subject matches pattern."""
@@ -506,33 +522,37 @@ class Client:
         key = next(self._signal_ids)
         with self._lock:
             if self._signals_thread is None:
-                self._outbox.send_multipart([b"C", self.server["signals"].encode()])
+                self._outbox.send(b"C" + self.server["signals"].encode())
                 self._signals_thread = threading.Thread(
                     target=self._signal_loop, name="relay-client-signals", daemon=True
                 )
                 self._signals_thread.start()
             self._signal_handlers[key] = (pattern, handler)
-            self._outbox.send_multipart([b"S", subjects.literal_prefix(pattern).encode()])
+            self._outbox.send(b"S" + subjects.literal_prefix(pattern).encode())
         return lambda: self._signal_handlers.pop(key, None) and None
 
     def _signal_loop(self) -> None:
         while not self._closed:
             try:
-                frames = self._signal_queue.get(timeout=0.2)
+                arrived = self._signal_queue.get(timeout=0.2)
             except queue.Empty:
                 continue
-            try:
-                subject, body = wire.decode_signal(frames)
-                signal = Signal.from_wire(body)
-            except RelayError:
-                log.warning("malformed signal dropped")
-                continue
-            for pattern, handler in list(self._signal_handlers.values()):
-                if subjects.matches(subject, pattern):
-                    try:
-                        handler(subject, signal)
-                    except Exception:
-                        log.exception("signal handler failed")
+            for frames in arrived:
+                self._dispatch_signal(frames)
+
+    def _dispatch_signal(self, frames: list[bytes]) -> None:
+        try:
+            subject, body = wire.decode_signal(frames)
+            signal = Signal.from_wire(body)
+        except RelayError:
+            log.warning("malformed signal dropped")
+            return
+        for pattern, handler in list(self._signal_handlers.values()):
+            if subjects.matches(subject, pattern):
+                try:
+                    handler(subject, signal)
+                except Exception:
+                    log.exception("signal handler failed")
 
     # ------------------------------------------------------------------ administration
 

@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import zmq
+
 from sdk.client import Client, connect
 from sdk.errors import RelayError
 from sdk.paths import Home
@@ -158,6 +160,15 @@ class Broker:
         client = connect(self.home.root, timeout=timeout, **{**self.client_options, **options})
         self._clients.append(client)
         return client
+
+    def raw_dealer(self, timeout_ms: int = 10_000) -> zmq.Socket:
+        """A bare DEALER on the router's socket, for speaking the protocol by hand;
+        the caller closes it. Reads time out after ``timeout_ms`` (zmq.Again)."""
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
+        sock.connect(self.home.router_address)
+        return sock
 
     def log(self, name: str) -> str:
         path = self.logs / f"{name}.log"

@@ -124,11 +124,7 @@ def test_a_writer_restart_gives_consumers_their_credit_and_the_backlog_back(brok
 
 
 def raw_request(broker, *frames: bytes) -> dict:
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, 5000)
-    sock.connect(broker.home.router_address)
+    sock = broker.raw_dealer(5000)
     try:
         sock.send_multipart(list(frames))
         reply = sock.recv_multipart()
@@ -291,10 +287,7 @@ def _replies(sock: zmq.Socket, count: int, frames: list[int] | None = None) -> l
 @pytest.fixture
 def batching(broker):
     """A raw DEALER that said hello asking for batched replies; its hello reply read."""
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, 10_000)
-    sock.connect(broker.home.router_address)
+    sock = broker.raw_dealer()
     try:
         sock.send_multipart(wire.encode_request("hello", 1, batch=True))
         assert _replies(sock, 1)[0].result["batch"] == wire.MAX_BATCH

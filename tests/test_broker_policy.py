@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from sdk import wire
+from sdk.errors import AccessDenied
 from sdk.paths import UNROUTABLE
 from sdk.types import AccessRule, RuleAction, Signal, SignalType, default_budget
 from tests.harness import signals_flowing, wait_for
@@ -17,6 +19,7 @@ pytestmark = pytest.mark.integration
 A = "relay.agent.demo.a"
 B = "relay.agent.demo.b"
 SENDER = "relay.agent.demo.cli"
+SPAMMER = "relay.agent.spammer"
 
 
 def now_ms() -> int:
@@ -130,6 +133,39 @@ def test_signals_reach_matching_handlers_and_never_touch_disk(broker):
     assert client.trace(client.publish(A, 1, sender=SENDER).message_id)["copies"]
     status = client.status()
     assert [e["depth"] for e in status["endpoints"]] == [1]  # only the message counts
+
+
+def test_a_signal_sent_without_waiting_arrives_and_a_refused_one_is_dropped_quietly(broker):
+    client = broker.client()
+    client.add_rule(AccessRule(SPAMMER, A, RuleAction.DENY, priority=1))
+    got = []
+    client.on_signal(A, lambda _subject, sig: got.append(sig.state))
+    signals_flowing(client, A)
+    got.clear()
+    # A refused signal (denied by a rule) raises when waited for ...
+    with pytest.raises(AccessDenied):
+        client.signal(A, Signal(SignalType.TYPING, "waited", A, now_ms()), sender=SPAMMER)
+    # ... and without waiting is dropped, with no error for anyone, while the next
+    # signal of the same connection, sent the same way, arrives.
+    client.signal(A, Signal(SignalType.TYPING, "denied", A, now_ms()), sender=SPAMMER, wait=False)
+    client.signal(A, Signal(SignalType.TYPING, "allowed", A, now_ms()), wait=False)
+    wait_for(lambda: "allowed" in got, what="the signal sent without waiting")
+    assert got == ["allowed"]
+
+
+def test_the_router_sends_no_reply_to_a_signal_that_asked_for_none(broker):
+    sock = broker.raw_dealer()
+    try:
+        signal = Signal(SignalType.PROGRESS, "50%", A, now_ms()).to_wire()
+        sock.send_multipart(wire.encode_request("signal", 1, subject=A, signal=signal, reply=False))
+        sock.send_multipart(wire.encode_request("signal", 2, subject="bad..subject", reply=False))
+        sock.send_multipart(wire.encode_request("ping", 3))
+        # Replies keep the order of requests on one connection: the first is the
+        # ping's, so neither signal (good or bad) was answered.
+        reply = wire.decode_incoming_all(sock.recv_multipart())
+        assert [r.rid for r in reply] == [3]
+    finally:
+        sock.close()
 
 
 def test_a_greedy_client_budget_is_clamped_to_the_configured_maxima(broker):

@@ -16,7 +16,6 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
-import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -317,10 +316,7 @@ def fuzz_broker():
     sandbox = Path(tempfile.mkdtemp(prefix="relay-fuzz-"))  # holds the home and nothing else
     broker = Broker(shards=1, home=sandbox / "home").start()
     broker.client().set_config({"rateLimit": {"enabled": False}})
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, 10_000)
-    sock.connect(broker.home.router_address)
+    sock = broker.raw_dealer()
     try:
         yield broker, sock
     finally:
