@@ -664,7 +664,7 @@ class RelayBroker:
 
     def _signal_rate(self) -> dict[str, float]:
         """Wait for this round's signals to stop arriving; received/s and lost."""
-        deadline, seen = time.monotonic() + 10, -1
+        deadline, seen = time.monotonic() + 10, 0  # 10 s for the first, 2 s between
         while len(self.signal_times) < SIGNAL_N and time.monotonic() < deadline:
             if len(self.signal_times) != seen:  # still arriving: wait on
                 seen, deadline = len(self.signal_times), time.monotonic() + 2

@@ -53,11 +53,13 @@ class Session:
 @dataclass(eq=False)
 class EndpointQueue:
     """Messages waiting in an endpoint's new/, oldest first, claims in flight, and the
-    ids of copies on their way into new/ (stored, not yet confirmed)."""
+    ids of copies on their way into new/: stored (not confirmed yet) or put back from
+    cur/ (handed to nobody)."""
 
     waiting: deque[str] = field(default_factory=deque)
     claiming: int = 0
     storing: set[str] = field(default_factory=set)
+    requeuing: set[str] = field(default_factory=set)
 
     @property
     def depth(self) -> int:

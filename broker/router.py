@@ -157,6 +157,8 @@ class Router:
         # Claims sent and not yet answered, per shard: (id, endpoint) -> subscription;
         # a copy sent to be stored claimed (proto.TARGET_CUR) counts as a claim.
         self._claims: dict[int, dict[tuple[str, str], int]] = {}
+        # Messages handed to nobody, on their way back to new/: token -> (id, endpoint).
+        self._put_backs: dict[int, tuple[str, str]] = {}
         # Copies decided while reading the client socket, per shard, sent after the pass.
         self._outgoing: dict[int, list[tuple[proto.DeliveryHeader, bytes]]] = {}
         self.writers: dict[int, int] = {}  # shard -> pid, from hello
@@ -308,6 +310,10 @@ class Router:
             for endpoint, copy in job.copies.items():
                 if endpoint not in job.outcomes:  # a writer never answered: a failure
                     self.reliability.outcome(copy, success=False, now=now)
+                    # Its consumer's credit comes back now; a late answer puts a copy
+                    # stored claimed back in new/ (_on_stored).
+                    self._release(self._pop_claim(job.message_id, endpoint))
+                    self._dispatch(endpoint)
             shards = ", ".join(str(s) for s in sorted(job.shards)) or "?"
             self._reply_error(
                 job.client,
@@ -356,7 +362,7 @@ class Router:
 
     def _handle(self, session: Session, who: Identity, request: wire.Request) -> None:
         if request.op == "signal" and request.get("reply") is False:
-            self._handle_quietly(session, who, request)
+            self._handle_quietly(session, request)
             return
         handler = self._ops.get(request.op)
         try:
@@ -376,11 +382,11 @@ class Router:
         if result is not _DEFERRED:
             self._reply(session.identity, wire.ok_body(request.rid, result))
 
-    def _handle_quietly(self, session: Session, who: Identity, request: wire.Request) -> None:
+    def _handle_quietly(self, session: Session, request: wire.Request) -> None:
         """A signal sent without a reply (``"reply": false``): fire and forget, so a
         refusal is only logged. The checks are the same as for any signal."""
         try:
-            self._op_signal(session, request, who)
+            self._op_signal(session, request)
         except RelayError as exc:
             log.debug("signal without reply refused: %s %s", exc.code, exc.message)
         except Exception:
@@ -578,7 +584,7 @@ class Router:
         endpoint = copy.endpoint
         queue = self.queues.setdefault(endpoint, EndpointQueue())
         info = self.by_hash.get(endpoint)
-        if info is not None and not queue.depth and not queue.storing:
+        if info is not None and not (queue.depth or queue.storing or queue.requeuing):
             sub = self.consumers.pick_consumer(info.subject)
             if sub is not None:
                 sub.inflight += 1
@@ -593,9 +599,12 @@ class Router:
         queue = self.queues.get(endpoint)
         if queue is not None:
             queue.storing.discard(message_id)
-        return self._claims.get(shard_of(endpoint, self.shards), {}).pop(
-            (message_id, endpoint), None
-        )
+        return self._pop_claim(message_id, endpoint)
+
+    def _pop_claim(self, message_id: str, endpoint: str) -> int | None:
+        """Forget a claim in flight; the subscription it was for, if it was in flight."""
+        claims = self._claims.get(shard_of(endpoint, self.shards), {})
+        return claims.pop((message_id, endpoint), None)
 
     def _release(self, sub_id: int | None) -> None:
         """Give back the credit a claim that handed nothing out took."""
@@ -1017,11 +1026,11 @@ class Router:
         )
         self.signals.send_multipart(wire.encode_signal(sender, signal_.to_wire()))
 
-    def _op_signal(self, session: Session, req: wire.Request, who: Identity | None = None) -> Any:
+    def _op_signal(self, session: Session, req: wire.Request) -> Any:
         subject = validate(_str(req, "subject"))
         signal_ = Signal.from_wire(req.get("signal"))
         sender = req.get("from")
-        who = who or self.auth.identity(session.user)
+        who = self.auth.identity(session.user)
         if sender is None and not (who and who.unrestricted):
             raise SenderNotAllowed("a signal from a restricted identity must name its 'from'")
         if signal_.type in ROUTER_SIGNALS and not (who and who.admin):
@@ -1291,8 +1300,8 @@ class Router:
             log.exception("undecodable frames from a writer dropped")
             return
         if kind == proto.STORED:
-            for token, message_id, endpoint, stored_at, code, message in header:
-                self._on_stored(token, message_id, endpoint, stored_at, code, message)
+            for row in header:
+                self._on_stored(*row)
         elif kind == proto.CLAIMED:
             self._on_claimed(*header, data)
         elif kind == proto.INGESTED:
@@ -1334,13 +1343,17 @@ class Router:
         again. Called when a writer disconnects and when one says hello.
         """
         for sub_id in self._claims.pop(shard, {}).values():
-            sub = self.consumers.subs.get(sub_id)
-            if sub is not None:
-                sub.inflight = max(0, sub.inflight - 1)
+            self._release(sub_id)
+        self._put_backs = {
+            token: (message_id, endpoint)
+            for token, (message_id, endpoint) in self._put_backs.items()
+            if shard_of(endpoint, self.shards) != shard
+        }
         for endpoint, queue in list(self.queues.items()):
             if shard_of(endpoint, self.shards) == shard:
                 queue.claiming = 0
                 queue.storing.clear()
+                queue.requeuing.clear()
                 self._requeue_from_disk(endpoint)
 
     def _requeue_from_disk(self, endpoint: str) -> None:
@@ -1366,28 +1379,31 @@ class Router:
         stored_at: int | None,
         code: str | None,
         message: str | None,
+        target: str,
     ) -> None:
         job = self.pending.get(token)
         copy = job.copies.get(endpoint) if job is not None else None
         claimed_for = self._settle_copy(message_id, endpoint)
-        if copy is None:
-            # The publisher already had its answer (deadline passed), but the copy may be
-            # durable all the same. Stored claimed, it goes back to new/ (its consumer
-            # was never told); the Maildir says what waits in new/.
+        if copy is None or endpoint in job.outcomes:
+            # Answered late: the publisher had its answer already (deadline passed, or
+            # the writer's disconnect was seen first), but the copy may be durable all
+            # the same. Stored claimed, it goes back to new/ (no consumer was told of
+            # it); the Maildir says what waits in new/.
             self._release(claimed_for)
-            if stored_at is not None and claimed_for is not None:
+            if stored_at is not None and target == proto.TARGET_CUR:
                 self._put_back(message_id, endpoint)
             elif stored_at is not None and endpoint in self.queues:
                 self._requeue_from_disk(endpoint)
+            self._dispatch(endpoint)
             return
         if stored_at is None:
             self._release(claimed_for)
             self._dispatch(endpoint)
-        elif copy.dead is None and claimed_for is None:
-            self._on_new_message(message_id, endpoint, copy.data)
-        elif copy.dead is None:
+        elif copy.dead is None and target == proto.TARGET_CUR:
             self._show_observers(message_id, endpoint, copy.data)
             self._hand_out(claimed_for, message_id, endpoint, copy.data)
+        elif copy.dead is None:
+            self._on_new_message(message_id, endpoint, copy.data)
         self.reliability.outcome(copy, success=stored_at is not None, now=now_ms())
         job.outcomes[endpoint] = None if stored_at is not None else (code, message)
         self._progress(token, job)
@@ -1434,10 +1450,7 @@ class Router:
         message: str | None,
         data: bytes | None,
     ) -> None:
-        if (
-            self._claims.get(shard_of(endpoint, self.shards), {}).pop((message_id, endpoint), None)
-            is None
-        ):
+        if self._pop_claim(message_id, endpoint) is None:
             return  # released when its writer went away (see _resync_shard)
         queue = self.queues.get(endpoint)
         if queue is not None:
@@ -1450,9 +1463,9 @@ class Router:
             return
         self._hand_out(sub_id, message_id, endpoint, data or b"")
 
-    def _hand_out(self, sub_id: int, message_id: str, endpoint: str, data: bytes) -> None:
+    def _hand_out(self, sub_id: int | None, message_id: str, endpoint: str, data: bytes) -> None:
         """Push a message claimed for a subscription to its client."""
-        sub = self.consumers.subs.get(sub_id)
+        sub = self.consumers.subs.get(sub_id) if sub_id is not None else None
         if sub is None:  # the subscriber left while the claim was in flight
             self._put_back(message_id, endpoint)
             return
@@ -1464,21 +1477,31 @@ class Router:
         self.consumers.handed_out(sub, message_id, endpoint, _sender_of(data))
 
     def _put_back(self, message_id: str, endpoint: str) -> None:
-        """Return a claimed message nobody received to new/ (the writer's reply requeues it)."""
-        self._to_writer(
+        """Return a claimed message nobody received to new/ (the writer's reply queues it
+        first in line). Until then it holds back its endpoint's queue (FIFO)."""
+        token = next(self._tokens)
+        if self._to_writer(
             shard_of(endpoint, self.shards),
-            proto.op(0, "requeue", id=message_id, endpoint=endpoint),
-        )
+            proto.op(token, "requeue", id=message_id, endpoint=endpoint),
+        ):
+            self._put_backs[token] = (message_id, endpoint)
+            self.queues.setdefault(endpoint, EndpointQueue()).requeuing.add(message_id)
 
     def _on_reply(self, token: int, ok: bool, result: Any) -> None:
-        if token == 0:  # an operation of the router's own: watch, requeue
+        put_back = self._put_backs.pop(token, None)
+        if put_back is not None:
+            message_id, endpoint = put_back
+            queue = self.queues.setdefault(endpoint, EndpointQueue())
+            queue.requeuing.discard(message_id)
+            if ok:
+                queue.waiting.appendleft(message_id)  # first in line again
+            else:
+                log.warning("%s/%s stays claimed in cur/: %s", endpoint, message_id, result)
+            self._dispatch(endpoint)
+            return
+        if token == 0:  # an operation of the router's own: watch
             if not ok:
                 log.warning("writer operation failed: %s", result)
-            elif result.get("state") == "new":  # requeued: first in line again
-                self.queues.setdefault(result["endpoint"], EndpointQueue()).waiting.appendleft(
-                    result["id"]
-                )
-                self._dispatch(result["endpoint"])
             return
         job = self.pending.get(token)
         if job is None:

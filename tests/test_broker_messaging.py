@@ -13,6 +13,7 @@ from inotify_simple import flags as iflags
 
 from sdk.types import Envelope
 from tests.harness import signals_flowing, wait_for
+from workers.writer import shard_of
 
 pytestmark = pytest.mark.integration
 
@@ -237,10 +238,12 @@ def test_an_operator_cannot_fail_a_message_nobody_has_claimed(broker):
     assert client.status()["endpoints"][0]["depth"] == 1
 
 
-def _events_in_new(info) -> INotify:
-    """An inotify watch on the endpoint's new/: any file that lands there shows."""
+def _events_in_new(info, directory: str = "new") -> INotify:
+    """An inotify watch on the endpoint's new/ (or another of its directories): any file
+    that lands there or leaves it by a rename shows."""
     watch = INotify()
-    watch.add_watch(os.path.join(info.maildir_path, "new"), iflags.CREATE | iflags.MOVED_TO)
+    mask = iflags.CREATE | iflags.MOVED_TO | iflags.MOVED_FROM
+    watch.add_watch(os.path.join(info.maildir_path, directory), mask)
     return watch
 
 
@@ -285,6 +288,9 @@ def test_order_holds_when_messages_switch_between_stored_claimed_and_queued(brok
     assert client.status()["endpoints"][0]["depth"] == 9
     release.set()
     wait_for(lambda: len(inbox.items) == 10, what="the queued messages")
+    wait_for(  # its ack gave the credit back
+        lambda: client.trace(ids[-1])["copies"][0]["state"] == "done", what="the last ack"
+    )
     # ... and once the queue is empty, the next is stored claimed again, after them.
     watch = _events_in_new(info)
     try:
@@ -301,6 +307,7 @@ def test_a_message_stored_for_a_consumer_that_left_meanwhile_goes_to_the_next(br
     leaving, staying = broker.client(), broker.client()
     info = leaving.register_endpoint(A)
     leaving.subscribe(A, Inbox())
+    cur = _events_in_new(info, "cur")
     for shard in range(broker.shards):  # the writers hold the copy until the consumer left
         broker.procs[f"writer{shard}"].send_signal(signal.SIGSTOP)
     try:
@@ -311,10 +318,38 @@ def test_a_message_stored_for_a_consumer_that_left_meanwhile_goes_to_the_next(br
     finally:
         for shard in range(broker.shards):
             broker.procs[f"writer{shard}"].send_signal(signal.SIGCONT)
-    # Nobody was told about it: it goes back to new/, not pending for nobody ...
-    wait_for(lambda: os.listdir(os.path.join(info.maildir_path, "new")), what="the orphan in new/")
+    # Nobody was told about it: stored claimed, it goes back to new/, not pending for
+    # nobody ...
+    [orphan] = wait_for(
+        lambda: os.listdir(os.path.join(info.maildir_path, "new")), what="the orphan in new/"
+    )
+    try:
+        moves = [(e.mask & (iflags.MOVED_TO | iflags.MOVED_FROM), e.name) for e in cur.read()]
+    finally:
+        cur.close()
+    name = f"{orphan},C="
+    assert [m for m, n in moves if n.startswith(name)] == [iflags.MOVED_TO, iflags.MOVED_FROM]
     assert staying.pending(A) == []
     # ... and the next consumer gets it.
     inbox = Inbox()
     staying.subscribe(A, inbox)
     wait_for(lambda: inbox.payloads() == ["orphan"], what="the orphan at the next consumer")
+
+
+def test_a_consumers_credit_comes_back_when_its_writer_dies_with_a_copy_for_it(broker):
+    client = broker.client()
+    info = client.register_endpoint(A)
+    inbox = Inbox()
+    client.subscribe(A, inbox, credit=1)
+    writer = f"writer{shard_of(info.hash, broker.shards)}"
+    broker.procs[writer].send_signal(signal.SIGSTOP)  # holds the copy stored claimed ...
+    lost = client.publish_async(A, "lost", sender=SENDER)
+    wait_for(lambda: client.status()["pendingRequests"] == 1, what="the copy sent to the writer")
+    broker.kill(writer)  # ... and dies with it, unwritten
+    result = lost.result(15)
+    assert result.delivered_to == 0 and [r[1] for r in result.rejected] == ["unavailable"]
+    broker.start_writer(int(writer.removeprefix("writer")))
+    broker.wait_ready()
+    # The only credit was taken for the lost copy: it came back, so the next arrives.
+    client.publish(A, "next", sender=SENDER)
+    wait_for(lambda: inbox.payloads() == ["next"], what="the next message at the consumer")

@@ -43,7 +43,10 @@ deliver_batch (group commit): the same steps, each done for the whole batch
        credit was waiting, so the copy skips new/ and the second commit a claim costs)
     4. fsync each distinct target dir once                       [maildir.after_dir_sync]
     Crash states are those of single delivery, for each file independently: some
-    files may already be in new/ and others still in tmp/; none is acknowledged.
+    files may already be in new/ (or cur/) and others still in tmp/; none is
+    acknowledged. A copy stored claimed that a crash leaves in cur/ was handed to no
+    consumer; it is listed as pending (like a claim whose consumer died), and an
+    operator requeues or completes it.
     A failure of one item (ENOSPC, EDQUOT, EIO, EACCES, its mailbox removed) makes that
     item a StorageError and removes its tmp file; the other items go on.
 
@@ -860,7 +863,7 @@ def deliver_batch(
             os.close(fd)
     fault_point(AFTER_SYNC)
 
-    renamed = []  # (index, mailbox, id, path in its target dir, stored_at, st_dev)
+    renamed = []  # (index, mailbox, id, target dir, name in it, stored_at, st_dev)
     for i, mailbox, message_id, tmp, target_dir, stored_at, dev in written:
         if dev in failed_dev:
             _unlink_quiet(tmp)

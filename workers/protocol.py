@@ -21,8 +21,9 @@ Router → writer, ``[kind, msgpack header]`` or ``[kind, header, data]``:
 Writer → router:
 
 ``hello``    ``[shard, shards, pid]`` when a writer (re)starts.
-``stored``   ``[[token, id, endpoint, stored_at | None, code | None, message | None], ...]``
-             one frame per group commit.
+``stored``   ``[[token, id, endpoint, stored_at | None, code | None, message | None,
+             target], ...]`` one frame per group commit; target as sent, so that an
+             answer the router no longer waits for still says where the file went.
 ``claimed``  ``[sub, id, endpoint, code | None, message | None]`` + file bytes.
 ``ingested`` ``[id, endpoint]`` + file bytes: a file another program put into new/.
 ``reply``    ``[token, ok, result | {code, message}]``.

@@ -4,10 +4,11 @@ Loop: wait for deliveries and operations from the router (PULL) or for files ano
 program dropped into a ``new/`` (inotify); take everything that is queued, up to
 `MAX_BATCH`, and handle it as one group commit:
 
-1. write every delivery's file into ``tmp/``, one ``syncfs``, rename each into ``new/``
+1. claims, completions, failures, requeues (renames, cur/ not fsynced yet);
+2. write every delivery's file into ``tmp/``, one ``syncfs``, rename each into ``new/``
    (``cur/`` when the router had a consumer waiting for it, ``failed/`` for a dead
-   letter), one fsync per directory (workers.maildir.deliver_batch);
-2. claims, completions, failures, requeues (renames);
+   letter), one fsync per directory, which covers the renames of step 1 in ``cur/``
+   (workers.maildir.deliver_batch); the directories only step 1 touched are fsynced next;
 3. ONE index transaction for all of the above;
 4. only then tell the router: a publish is acknowledged when it is durable.
 
@@ -229,11 +230,13 @@ class Writer:
         if deliveries:
             outbox.append(self._deliver(deliveries, changes))
         fault_point(BEFORE_INDEX_COMMIT)  # the files are durable, the index not yet
+        stored_claimed = changes.stored_claimed
         try:
             changes.commit(self.index)
         except Exception as exc:
             log.exception("index transaction (or directory fsync) failed")
             outbox = [_failed_outbox(frames, exc) for frames in outbox]
+            self._unclaim(stored_claimed)
         for frames in outbox:
             self.results.send_multipart(frames, copy=False)
 
@@ -242,14 +245,16 @@ class Writer:
     ) -> list[bytes]:
         items = [(self._watch(h.endpoint), h.id, data, h.target) for h, data in deliveries]
         results: list[list[Any]] = []
-        for (h, data), outcome, item in zip(deliveries, deliver_batch(items), items, strict=True):
+        for (h, data), outcome in zip(deliveries, deliver_batch(items), strict=True):
             if isinstance(outcome, Exception):
-                results.append([h.token, h.id, h.endpoint, None, "storage_error", str(outcome)])
+                error = ["storage_error", str(outcome)]
+                results.append([h.token, h.id, h.endpoint, None, *error, h.target])
                 continue
             failed = h.target == proto.TARGET_FAILED
             claimed = h.target == proto.TARGET_CUR
             if claimed:  # deliver_batch fsynced cur/ after this commit's earlier renames
-                changes.synced.add(item[0].cur_dir)
+                changes.synced.add(self.mailboxes[h.endpoint].cur_dir)
+                changes.stored_claimed.append((h.endpoint, h.id))
             if h.target == proto.TARGET_NEW:
                 self._own_renames.add((h.endpoint, h.id))
             changes.inserts.append(
@@ -268,8 +273,18 @@ class Writer:
                     size=len(data),
                 )
             )
-            results.append([h.token, h.id, h.endpoint, outcome, None, None])
+            results.append([h.token, h.id, h.endpoint, outcome, None, None, h.target])
         return proto.stored(results)
+
+    def _unclaim(self, stored_claimed: list[tuple[str, str]]) -> None:
+        """Copies stored claimed in a commit that failed: nobody will be told of them, so
+        they go to new/ (as if stored there) rather than stay claimed by nobody."""
+        for endpoint, message_id in stored_claimed:
+            try:
+                self._own_renames.add((endpoint, message_id))
+                self.mailboxes[endpoint].requeue(message_id)
+            except (RelayError, OSError) as exc:
+                log.error("%s/%s stays claimed in cur/: %s", endpoint, message_id, exc)
 
     def _handle(
         self, kind: bytes, header: Any, data: bytes | None, changes: IndexChanges
@@ -474,6 +489,7 @@ class IndexChanges:
         # consume path's cost; bench_broker "publish -> handler").
         self.dirs: set[str] = set()
         self.synced: set[str] = set()  # of those, fsynced since their renames already
+        self.stored_claimed: list[tuple[str, str]] = []  # (endpoint, id) stored into cur/
 
     def commit(self, index: MessageIndex) -> None:
         fsync_dirs(sorted(self.dirs - self.synced))
@@ -507,8 +523,8 @@ def _failed_outbox(frames: list[bytes], exc: Exception) -> list[bytes]:
     if kind == proto.STORED:
         return proto.stored(
             [
-                [t, i, e, None, *error] if s is not None else [t, i, e, s, c, m]
-                for t, i, e, s, c, m in header
+                [t, i, e, None, *error, g] if s is not None else [t, i, e, s, c, m, g]
+                for t, i, e, s, c, m, g in header
             ]
         )
     if kind == proto.CLAIMED:
