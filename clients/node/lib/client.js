@@ -389,10 +389,13 @@ class Client {
   /**
    * Send an ephemeral signal on a concrete subject (nothing is stored).
    * `signal` is {type, state, endpointSubject?, timestamp?, data?}; endpointSubject
-   * defaults to `subject` and timestamp to now.
-   * @param {string} subject @param {object} signal @param {{from?: string}} [options]
+   * defaults to `subject` and timestamp to now. With `wait: false` it is fire and
+   * forget: no reply comes, so a refusal (access rule, sender not allowed) is not
+   * reported (docs/protocol.md, "signal").
+   * @param {string} subject @param {object} signal
+   * @param {{from?: string, wait?: boolean}} [options]
    */
-  async signal(subject, signal, { from } = {}) {
+  async signal(subject, signal, { from, wait = true } = {}) {
     subjects.validate(subject);
     const body = {
       type: signal.type,
@@ -401,7 +404,12 @@ class Client {
       timestamp: signal.timestamp ?? Date.now(),
       data: signal.data,
     };
-    await this.request("signal", { subject, signal: body, from });
+    if (wait) {
+      await this.request("signal", { subject, signal: body, from });
+      return;
+    }
+    if (this.closed) throw new UnavailableError("client is closed");
+    await this._send(wire.encodeRequest("signal", 0, { subject, signal: body, from, reply: false }));
   }
 
   /**

@@ -218,6 +218,21 @@ test("a subscription the router lost (the session timed out) is renewed", { time
     await subscription.unsubscribe();
   }));
 
+test("a signal sent with wait: false arrives without a reply; a refused one is dropped", () =>
+  withClient(async (client) => {
+    const subject = `relay.node.${unique()}.status`;
+    const spammer = `relay.node.${unique()}.spammer`;
+    await client.addRule({ from: spammer, to: subject, action: "deny", priority: 1 });
+    const states = [];
+    await client.onSignal(subject, (s, signal) => states.push(signal.state));
+    await signalsFlowing(client, subject);
+    states.length = 0;
+    await client.signal(subject, { type: "progress", state: "denied" }, { from: spammer, wait: false });
+    await client.signal(subject, { type: "progress", state: "50%" }, { wait: false });
+    await waitFor(() => states.includes("50%"), { what: "the signal sent without waiting" });
+    assert.deepEqual(states, ["50%"]);
+  }));
+
 test("every error reply is a typed error with its code", () =>
   withClient(async (client) => {
     const registered = await client.register(`relay.node.${unique()}.errors`);
