@@ -12,19 +12,24 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
+import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sdk import wire
 from sdk.errors import RelayError, Timeout
+from sdk.ids import new_id
+from sdk.paths import Home
 from sdk.subjects import endpoint_hash
 from tests.harness import Broker
 from workers import maildir
-from workers.writer import BEFORE_INDEX_COMMIT
+from workers import protocol as proto
+from workers.writer import BEFORE_INDEX_COMMIT, Writer
 
 pytestmark = pytest.mark.integration
 
@@ -324,3 +329,45 @@ def fuzz_broker():
         broker.cleanup()
         shutil.rmtree(sandbox, ignore_errors=True)
         assert all(p.returncode == 0 for p in broker.procs.values()), "a process crashed"
+
+
+def test_a_copy_stored_claimed_whose_index_commit_failed_goes_back_to_new(tmp_path):
+    home = Home(tmp_path / "home").create()
+    ctx = zmq.Context()  # the writer terms its own context when it closes
+    results = ctx.socket(zmq.PULL)
+    results.setsockopt(zmq.RCVTIMEO, 10_000)
+    results.bind(home.results_address)
+    writer = Writer(home, 0, 1, ctx=zmq.Context())
+    try:
+        writer.start()
+        endpoint = endpoint_hash("relay.agent.demo.a")
+        mailbox = writer._watch(endpoint)
+        message_id = new_id(int(time.time() * 1000))
+        header = proto.DeliveryHeader(
+            7,
+            message_id,
+            endpoint,
+            "relay.agent.demo.a",
+            "relay.agent.demo.cli",
+            0,
+            target=proto.TARGET_CUR,
+        )
+        writer.index._conn.execute("DROP TABLE messages")  # this commit's transaction fails
+        writer._process([proto.deliver([(header, b'{"id": "x"}')])])
+        # The publisher hears of a failure, and no consumer will: the file is not left
+        # claimed by nobody in cur/, it waits in new/ like a message dropped in there.
+        kind, rows, _ = proto.decode(wait_for_stored(results))
+        assert kind == proto.STORED and rows[0][3] is None and rows[0][4] == "storage_error"
+        assert mailbox.list_new() == [message_id]
+        assert os.listdir(mailbox.cur_dir) == []
+    finally:
+        writer.close()
+        ctx.destroy(0)
+
+
+def wait_for_stored(results: zmq.Socket) -> list[bytes]:
+    """The first ``stored`` report the writer sends (hello may come first)."""
+    while True:
+        frames = results.recv_multipart()  # RCVTIMEO bounds the wait
+        if frames[0] == proto.STORED:
+            return frames
