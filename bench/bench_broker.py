@@ -330,10 +330,28 @@ PIPE_WRITERS = 2  # as Relay's 2 shards
 PIPE_DIRS = 4  # mailboxes per writer: Relay's 8 endpoints over 2 shards
 
 
+def _triplets(frames: list[bytes]) -> list[list[bytes]]:
+    """[identity, kind, body] items of a flat frame list."""
+    return [frames[i : i + 3] for i in range(0, len(frames), 3)]
+
+
+def _drain_all(sock: zmq.Socket, first: list[bytes], limit: int = 1000) -> list[list[bytes]]:
+    """``first`` and whatever else is queued on ``sock`` now."""
+    got = [first]
+    while len(got) < limit:
+        try:
+            got.append(sock.recv_multipart(zmq.NOBLOCK))
+        except zmq.Again:
+            break
+    return got
+
+
 def _pipe_middle(client_address: str, to_writers: str, from_writers: str) -> None:
-    """Child process: the router's place with nothing in it. A ROUTER for clients, a
-    PUSH to the writers (round robin) and a PULL back; a stored message is answered to
-    its publisher, or pushed to the consumer when it was sent as ``deliver``."""
+    """Child process: the router's place with nothing in it, batching as the router
+    does. What a pass reads from clients goes to the writers in one message each (round
+    robin), and what comes back leaves in one message per client; a stored message is
+    answered to its publisher, or pushed to the consumer when it was sent as
+    ``deliver``."""
     ctx = zmq.Context()
     clients, push, pull = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
     clients.bind(client_address)
@@ -346,21 +364,31 @@ def _pipe_middle(client_address: str, to_writers: str, from_writers: str) -> Non
     while True:
         for sock, _ in poller.poll():
             if sock is clients:
-                frames = clients.recv_multipart()  # [identity, kind, body]
-                if frames[1] == b"consume":
-                    consumer = frames[0]
-                    clients.send_multipart(frames)
-                elif frames[1] == b"stop":
-                    for _ in range(PIPE_WRITERS):
-                        push.send_multipart(frames)
-                    clients.send_multipart(frames)
-                    ctx.destroy(0)
-                    return
-                else:
-                    push.send_multipart(frames)
+                requests = _drain_all(clients, clients.recv_multipart())
+                groups: list[list[bytes]] = [[] for _ in range(PIPE_WRITERS)]
+                for n, (identity, kind, body) in enumerate(requests):
+                    if kind == b"consume":
+                        consumer = identity
+                        clients.send_multipart([identity, kind, body])
+                    elif kind == b"stop":
+                        for _ in range(PIPE_WRITERS):
+                            push.send_multipart([identity, kind, body])
+                        clients.send_multipart([identity, kind, body])
+                        ctx.destroy(0)
+                        return
+                    else:
+                        groups[n % PIPE_WRITERS] += [identity, kind, body]
+                for group in groups:
+                    if group:
+                        push.send_multipart(group)
             else:
-                identity, kind, body = pull.recv_multipart()
-                clients.send_multipart([consumer if kind == b"deliver" else identity, kind, body])
+                replies: dict[bytes, list[bytes]] = {}
+                for message in _drain_all(pull, pull.recv_multipart()):
+                    for identity, kind, body in _triplets(message):
+                        target = consumer if kind == b"deliver" else identity
+                        replies.setdefault(target, []).extend((kind, body))
+                for target, frames in replies.items():
+                    clients.send_multipart([target, *frames])
 
 
 def _pipe_writer(to_writers: str, from_writers: str, directory: str) -> None:
@@ -368,7 +396,8 @@ def _pipe_writer(to_writers: str, from_writers: str, directory: str) -> None:
     is queued (group commit); one message: anchor (a) (write, fsync, rename, fsync the
     directory); several: anchor (b)'s steps (write all, syncfs, rename all, then one
     fsync per directory, or a second syncfs past two, as the writer decides). Then one
-    index transaction (apsw, WAL, synchronous=NORMAL: the writer's pragmas)."""
+    index transaction (apsw, WAL, synchronous=NORMAL: the writer's pragmas) and one
+    reply message for the whole commit."""
     import apsw
 
     index = apsw.Connection(f"{directory}/index.db")
@@ -382,19 +411,14 @@ def _pipe_writer(to_writers: str, from_writers: str, directory: str) -> None:
     push.connect(from_writers)
     n = 0
     while True:
-        batch = [pull.recv_multipart()]
-        while len(batch) < 512:
-            try:
-                batch.append(pull.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
-                break
-        if any(frames[1] == b"stop" for frames in batch):
+        batch = [t for m in _drain_all(pull, pull.recv_multipart(), 512) for t in _triplets(m)]
+        if any(kind == b"stop" for _, kind, _ in batch):
             break
         files = []
-        for frames in batch:
-            files.append((dirs[n % PIPE_DIRS], n, len(frames[2])))
+        for _, _, body in batch:
+            files.append((dirs[n % PIPE_DIRS], n, len(body)))
             fd = os.open(f"{files[-1][0]}/tmp/{n}", _OPEN_NEW, 0o600)
-            os.write(fd, frames[2])
+            os.write(fd, body)
             if len(batch) == 1:
                 os.fsync(fd)
             os.close(fd)
@@ -415,8 +439,7 @@ def _pipe_writer(to_writers: str, from_writers: str, directory: str) -> None:
                 _fsync_dir(f"{where}/new")
         with index:
             index.executemany("INSERT INTO m VALUES (?, ?)", [(k, size) for _, k, size in files])
-        for frames in batch:
-            push.send_multipart(frames)
+        push.send_multipart([frame for item in batch for frame in item])
     ctx.destroy(0)
 
 
@@ -461,10 +484,13 @@ class RawPipeline:
         start = time.perf_counter()
         for _ in range(INFLIGHT):
             send(request)
-        for sent in range(INFLIGHT, PIPELINED_N + INFLIGHT):
-            recv()
-            if sent < PIPELINED_N:
+        sent, answered = INFLIGHT, 0
+        while answered < PIPELINED_N:
+            replies = len(recv()) // 2  # one message may answer several
+            answered += replies
+            for _ in range(min(replies, PIPELINED_N - sent)):
                 send(request)
+                sent += 1
         return {"rate": rate(PIPELINED_N, time.perf_counter() - start)}
 
     def single(self) -> dict[str, float]:
@@ -483,11 +509,13 @@ class RawPipeline:
         latencies: list[float] = []
 
         def consume() -> None:
-            for _ in range(count):
+            while len(latencies) < count:
                 if not self.consumer.poll(30_000):
                     return
-                sent = int(self.consumer.recv_multipart()[1][:20])
-                latencies.append((time.monotonic_ns() - sent) / 1000)
+                frames = self.consumer.recv_multipart()  # one or more (kind, body) pairs
+                now = time.monotonic_ns()
+                for body in frames[1::2]:
+                    latencies.append((now - int(body[:20])) / 1000)
 
         receiver = threading.Thread(target=consume)
         receiver.start()
