@@ -740,7 +740,7 @@ class RelayBroker:
             future.add_done_callback(lambda _f: slots.release())
         return self._signal_rate()
 
-    def _signal_rate(self) -> dict[str, float]:
+    def _signal_rate(self, min_share: float = 0.99) -> dict[str, float]:
         """Wait for this round's signals to stop arriving; received/s and lost."""
         deadline, seen = time.monotonic() + 10, 0  # 10 s for the first, 2 s between
         while len(self.signal_times) < SIGNAL_N and time.monotonic() < deadline:
@@ -748,7 +748,7 @@ class RelayBroker:
                 seen, deadline = len(self.signal_times), time.monotonic() + 2
             time.sleep(0.01)
         times = list(self.signal_times)
-        if len(times) < SIGNAL_N * 0.99:
+        if len(times) < SIGNAL_N * min_share:
             raise RuntimeError(f"on_signal received {len(times)}/{SIGNAL_N} signals")
         return {"rate": rate(len(times) - 1, times[-1] - times[0]), "lost": SIGNAL_N - len(times)}
 
@@ -763,7 +763,10 @@ class RelayBroker:
         )
         sender.start()
         try:
-            return self._signal_rate()
+            # Without replies nothing slows the sender down: when the receiver falls
+            # behind, PUB drops past its high-water mark (signals are ephemeral). The
+            # row reports how many were lost; only a path that lost most is an error.
+            return self._signal_rate(min_share=0.5)
         finally:
             sender.join(30)
 
