@@ -37,7 +37,6 @@ import hashlib
 import json
 import multiprocessing
 import os
-import shutil
 import statistics
 import tempfile
 import threading
@@ -49,7 +48,7 @@ from typing import Any
 import zmq
 
 from bench.bench_storage import fs_type
-from bench.common import Row, rate, rss_mib
+from bench.common import Row, rate, remove_when_done, rss_mib, stop_broker
 from sdk.types import Signal, SignalType
 from workers.syncfs import syncfs
 
@@ -581,7 +580,7 @@ class RelayBroker:
             self.rss_start = self.rss()  # right after the router and writers are ready
             self._setup()
         except BaseException:
-            self.broker.cleanup()
+            stop_broker(self.broker)
             raise
 
     def _setup(self) -> None:
@@ -779,7 +778,7 @@ class RelayBroker:
         return {"rate": rate(SIGNAL_SYNC_N, time.perf_counter() - start)}
 
     def cleanup(self) -> None:
-        self.broker.cleanup()
+        stop_broker(self.broker)
 
 
 # --------------------------------------------------------------------------- rows
@@ -830,7 +829,7 @@ def rows(rounds: int = 3) -> list[Row]:
             raw_zmq.close()
         if pipeline is not None:
             pipeline.close()
-        shutil.rmtree(base, ignore_errors=True)
+        remove_when_done(base)
     return _table(m, fs_type(str(base.parent)))
 
 

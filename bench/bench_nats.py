@@ -42,7 +42,7 @@ from bench.bench_broker import (
     base_dir,
 )
 from bench.bench_storage import fs_type
-from bench.common import Row, rate
+from bench.common import Row, rate, remove_when_done
 
 SHARDS = 2
 STREAM = "BENCH"
@@ -244,7 +244,7 @@ def rows(rounds: int = 3) -> list[Row]:
         for server in servers.values():
             server.close()
         loop.close()
-        shutil.rmtree(base, ignore_errors=True)
+        remove_when_done(base)
     return _table(m, kind)
 
 

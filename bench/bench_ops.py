@@ -23,7 +23,6 @@ throughputs of the largest and the smallest size (1.0 = linear; goal >= 0.8).
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from bench.bench_storage import fs_type
-from bench.common import Row, rate
+from bench.common import Row, rate, remove_when_done
 from ops.archive import MESSAGE_COLUMNS
 from ops.live import FILE_SCHEMA, rows_table
 from sdk.paths import Home
@@ -193,7 +192,7 @@ def compaction_figure(spark, n: int) -> dict:
         assert summary.archived == n and summary.removed == n, summary
         return {"n": n, "seconds": seconds, "floor": floor, "generate": gen, "summary": summary}
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        remove_when_done(root)
 
 
 # ---------------------------------------------------------------------- metrics data
@@ -369,7 +368,7 @@ def metrics_figure(spark, n: int) -> dict:
         assert doc["totals"]["messages"] == floor_doc["messages"]
         return {"n": n, "seconds": seconds, "floor": floor, "generate": gen}
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        remove_when_done(root)
 
 
 # ---------------------------------------------------------------------- the rows

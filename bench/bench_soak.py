@@ -17,14 +17,13 @@ the consumer never received after a drain wait; goal 0). Progress goes to stderr
 
 from __future__ import annotations
 
-import shutil
 import sys
 import threading
 import time
 from typing import Any
 
 from bench.bench_broker import PAYLOAD, SENDER, SUBJECT, base_dir, spread_subjects
-from bench.common import Row, rate, rss_mib
+from bench.common import Row, rate, remove_when_done, rss_mib, stop_broker
 
 SHARDS = 2
 ENDPOINTS = 4
@@ -185,9 +184,9 @@ class Soak:
     def cleanup(self) -> None:
         self.stop.set()
         try:
-            self.broker.cleanup()
+            stop_broker(self.broker)
         finally:
-            shutil.rmtree(self.base, ignore_errors=True)
+            remove_when_done(self.base)
 
 
 # --------------------------------------------------------------------------- rows

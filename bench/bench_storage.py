@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.common import Row, interleave, rate
+from bench.common import Row, interleave, rate, remove_when_done
 from sdk.ids import new_id
 from workers.index import MIGRATIONS, MessageIndex, rebuild_from_maildir
 from workers.maildir import Mailbox, deliver_batch
@@ -309,7 +308,7 @@ def rows(rounds: int = 5) -> list[Row]:
         index = interleave(rounds, **index_contenders(per_round))
         rebuild = interleave(rounds, **rebuild_contenders(base))
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        remove_when_done(base)
     flush = "syncfs" if HAVE_SYNCFS else "os.sync (no syncfs)"
     return [
         Row(

@@ -7,6 +7,9 @@ moment of the machine hits both alike. Each row puts Relay beside its ceiling.
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -39,6 +42,20 @@ def interleave(rounds: int, **contenders: Callable[[], float]) -> dict[str, floa
         for name, run_once in contenders.items():
             results[name].append(run_once())
     return {name: statistics.median(values) for name, values in results.items()}
+
+
+def remove_when_done(path: str | os.PathLike[str]) -> None:
+    """Delete a benchmark's files when the whole run is over, not now: on this disk
+    (ext4 mounted with discard) a mass delete slows the file creation of the following
+    seconds, which would land on the next module's figures (docs/performance.md)."""
+    atexit.register(shutil.rmtree, path, True)
+
+
+def stop_broker(broker) -> None:
+    """Stop a tests.harness.Broker, keeping its files for `remove_when_done`."""
+    broker.stop()
+    remove_when_done(broker.home.root)
+    remove_when_done(broker.logs)
 
 
 def rate(count: int, seconds: float) -> float:
