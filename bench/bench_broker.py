@@ -373,7 +373,7 @@ def _pipe_middle(client_address: str, to_writers: str, from_writers: str) -> Non
                         for _ in range(PIPE_WRITERS):
                             push.send_multipart([identity, kind, body])
                         clients.send_multipart([identity, kind, body])
-                        ctx.destroy(0)
+                        ctx.destroy(linger=1000)  # the stops and the reply leave first
                         return
                     else:
                         groups[n % PIPE_WRITERS] += [identity, kind, body]
@@ -438,7 +438,11 @@ def _pipe_writer(to_writers: str, from_writers: str, directory: str) -> None:
                 _fsync_dir(f"{where}/new")
         with index:
             index.executemany("INSERT INTO m VALUES (?, ?)", [(k, size) for _, k, size in files])
-        push.send_multipart([frame for item in batch for frame in item])
+        # A stored message is answered with its kind only (Relay's "stored" is a small
+        # row); the consumer of a ``deliver`` gets the message itself.
+        push.send_multipart(
+            [f for i, kind, body in batch for f in (i, kind, body if kind == b"deliver" else b"")]
+        )
     ctx.destroy(0)
 
 
@@ -474,16 +478,21 @@ class RawPipeline:
         if not self.consumer.poll(30_000):
             raise RuntimeError("raw pipeline did not start")
         self.consumer.recv_multipart()
+        # A writer that died would leave its requests unanswered: fail, never hang.
+        self.publisher.setsockopt(zmq.RCVTIMEO, 30_000)
         self.body = _envelope(0)
+        for _ in range(WARMUP):  # as Relay's broker is warmed before measuring
+            self.publisher.send_multipart([b"publish", self.body])
+            self.publisher.recv_multipart()
 
     def pipelined(self) -> dict[str, float]:
         """PIPELINED_N publishes, INFLIGHT at a time (as Relay's 100-in-flight row)."""
         send, recv = self.publisher.send_multipart, self.publisher.recv_multipart
         request = [b"publish", self.body]
         start = time.perf_counter()
-        for _ in range(INFLIGHT):
+        sent, answered = min(INFLIGHT, PIPELINED_N), 0
+        for _ in range(sent):
             send(request)
-        sent, answered = INFLIGHT, 0
         while answered < PIPELINED_N:
             replies = len(recv()) // 2  # one message may answer several
             answered += replies
@@ -538,6 +547,7 @@ class RawPipeline:
             child.join(5)
             if child.is_alive():
                 child.terminate()
+                child.join(5)
         self.ctx.destroy(0)
 
 
@@ -907,17 +917,20 @@ def _table(m: dict[str, dict[str, float]], kind: str) -> list[Row]:
                 f"publish, {INFLIGHT} in flight, {ENDPOINTS} endpoints, {shard}",
                 pipe["rate"],
                 "msg/s",
-                f"(e) the architecture, no Relay code, {INFLIGHT} in flight",
-                floor_pipelined["rate"],
-            ),
-            Row(
-                f"publish, {INFLIGHT} in flight, {ENDPOINTS} endpoints, {shard}",
-                pipe["rate"],
-                "msg/s",
                 f"(c) DEALER/ROUTER, {INFLIGHT} in flight",
                 rt_pipe["rate"],
             ),
         ]
+        if k == PIPE_WRITERS:  # (e) has as many writers as this broker has shards
+            out.append(
+                Row(
+                    f"publish, {INFLIGHT} in flight, {ENDPOINTS} endpoints, {shard}",
+                    pipe["rate"],
+                    "msg/s",
+                    f"(e) the architecture, no Relay code, {INFLIGHT} in flight",
+                    floor_pipelined["rate"],
+                )
+            )
     guarded, unguarded = m[f"pipelined_{max(SHARD_COUNTS)}"], m["unguarded"]
     out.append(
         Row(
@@ -989,7 +1002,8 @@ def _table(m: dict[str, dict[str, float]], kind: str) -> list[Row]:
                 "(d) PUB/SUB",
                 pubsub["rate"],
                 ">= 50% of (d)",
-                no_reply["rate"] >= 0.5 * pubsub["rate"],
+                # A rate bought by dropping signals does not count.
+                no_reply["rate"] >= 0.5 * pubsub["rate"] and no_reply["lost"] <= SIGNAL_N / 100,
             ),
             Row(
                 f"client.signal() in a loop, {_shards(k)}",

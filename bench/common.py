@@ -53,9 +53,9 @@ def remove_when_done(path: str | os.PathLike[str]) -> None:
 
 def stop_broker(broker) -> None:
     """Stop a tests.harness.Broker, keeping its files for `remove_when_done`."""
-    broker.stop()
     remove_when_done(broker.home.root)
     remove_when_done(broker.logs)
+    broker.stop()
 
 
 def rate(count: int, seconds: float) -> float:

@@ -409,7 +409,12 @@ class Client {
       return;
     }
     if (this.closed) throw new UnavailableError("client is closed");
-    await this._send(wire.encodeRequest("signal", 0, { subject, signal: body, from, reply: false }));
+    const request = wire.encodeRequest("signal", 0, { subject, signal: body, from, reply: false });
+    try {
+      await this._send(request);
+    } catch (err) {
+      throw new UnavailableError(`could not send 'signal': ${err.message}`);
+    }
   }
 
   /**
