@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from broker.auth import Identity
 from broker.sublist import Sublist
 
 SESSION_TIMEOUT_MS = 5_000
@@ -42,6 +43,9 @@ class Session:
     identity: bytes
     last_seen: int
     user: str | None = None  # the ZAP user id its connection was admitted with
+    # What auth.json grants that user, looked up afresh for each frame (the file may
+    # change under an open connection); the operations check it.
+    who: Identity | None = None
     subs: set[int] = field(default_factory=set)
     waiting: int = 0  # this client's requests waiting on writers (bounded)
     batches: bool = False  # asked (hello/ping "batch": true) for its replies batched

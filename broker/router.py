@@ -28,7 +28,7 @@ from typing import Any
 import zmq
 
 from broker import consumers as cons
-from broker.auth import AuthPolicy, Identity
+from broker.auth import AuthPolicy
 from broker.budget import clamp
 from broker.consumers import Consumers, EndpointQueue, Session
 from broker.control import ControlPlane
@@ -348,6 +348,7 @@ class Router:
                 self._reply_error(identity, request.rid, error)
             return len(requests)
         session = self.consumers.touch(identity, now_ms(), user)
+        session.who = who
         for request in requests:
             if self.consumers.sessions.get(identity) is not session:
                 # `bye` (or a failed send) ended the session mid-batch: what follows
@@ -357,10 +358,10 @@ class Router:
             elif isinstance(request, wire.BadRequest):
                 self._reply_error(identity, request.rid, request.error)
             else:
-                self._handle(session, who, request)
+                self._handle(session, request)
         return len(requests)
 
-    def _handle(self, session: Session, who: Identity, request: wire.Request) -> None:
+    def _handle(self, session: Session, request: wire.Request) -> None:
         if request.op == "signal" and request.get("reply") is False:
             self._handle_quietly(session, request)
             return
@@ -368,8 +369,10 @@ class Router:
         try:
             if handler is None:
                 raise UnknownOperation(f"unknown operation {request.op!r:.60}")
-            if request.op in ADMIN_OPS and not who.admin:
-                raise NotAuthorized(f"{request.op!r} needs operator rights; {who.name} has none")
+            who = session.who
+            if request.op in ADMIN_OPS and not (who and who.admin):
+                name = who.name if who else session.user
+                raise NotAuthorized(f"{request.op!r} needs operator rights; {name} has none")
             result = handler(self, session, request)
         except RelayError as exc:
             self._reply_error(session.identity, request.rid, exc)
@@ -543,7 +546,7 @@ class Router:
     def _sender(self, session: Session, sender: str) -> str:
         """``from`` checked against the connection's credentials (auth.json)."""
         validate(sender)
-        who = self.auth.identity(session.user)
+        who = session.who
         if who is None or not who.may_send_as(sender):
             allowed = ", ".join(who.senders) if who else "nothing"
             name = who.name if who else session.user
@@ -858,7 +861,7 @@ class Router:
 
     def _op_register(self, session: Session, req: wire.Request) -> Any:
         subject = validate(_str(req, "subject"))
-        who = self.auth.identity(session.user)
+        who = session.who
         if who is None or not (who.admin or who.may_send_as(subject)):
             raise NotAuthorized(
                 f"{who.name if who else session.user} may register endpoints only under "
@@ -1030,7 +1033,7 @@ class Router:
         subject = validate(_str(req, "subject"))
         signal_ = Signal.from_wire(req.get("signal"))
         sender = req.get("from")
-        who = self.auth.identity(session.user)
+        who = session.who
         if sender is None and not (who and who.unrestricted):
             raise SenderNotAllowed("a signal from a restricted identity must name its 'from'")
         if signal_.type in ROUTER_SIGNALS and not (who and who.admin):

@@ -151,11 +151,6 @@ def decode_requests(frames: Sequence[bytes]) -> list[Request | BadRequest]:
     return requests
 
 
-def is_batch(body: bytes) -> bool:
-    """Whether a (well-formed) request body is a msgpack array: a batch."""
-    return bool(body) and (body[0] & 0xF0 == 0x90 or body[0] in (0xDC, 0xDD))
-
-
 def _decode_body(frames: Sequence[bytes]) -> Any:
     if len(frames) != 2:
         raise MalformedFrame(f"a request has 2 frames, got {len(frames)}")

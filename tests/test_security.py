@@ -241,13 +241,13 @@ def shared_socket_broker():
     """A broker whose client socket sits in a directory other users can traverse."""
     shared = Path(tempfile.mkdtemp(prefix="relay-shared-"))  # not under pytest's 0700 tree
     os.chmod(shared, 0o711)
-    b = Broker(shards=1, router_args=["--address", f"ipc://{shared}/router.sock"])
-    b.client_options = {"address": f"ipc://{shared}/router.sock"}
+    address = f"ipc://{shared}/router.sock"
     try:
-        b.start()
-        yield b
+        with Broker(
+            shards=1, router_args=["--address", address], client_options={"address": address}
+        ) as b:
+            yield b
     finally:
-        b.cleanup()
         shutil.rmtree(shared, ignore_errors=True)
 
 
