@@ -569,9 +569,11 @@ def _send_signals(home: str, count: int, round_no: int) -> None:
     leaves after them)."""
     from sdk import connect
 
+    # Built before the first leaves, as anchor (d) encodes its body once: the row
+    # measures the bus, not the making of Signal objects.
+    signals = [Signal.from_wire(_signal_wire(n, round_no)) for n in range(count)]
     with connect(home, timeout=30) as client:
-        for n in range(count):
-            signal = Signal.from_wire(_signal_wire(n, round_no))
+        for signal in signals:
             client.signal(f"{SUBJECT}.sig", signal, wait=False)
 
 

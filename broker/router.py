@@ -36,6 +36,7 @@ from broker.publish import Copy, PublishPlan, PublishRequest, Refusal, encode_pa
 from broker.rejections import RATE_LIMITED, RejectionLog
 from broker.reliability import Reliability
 from broker.rules import RuleSet
+from broker.signal_out import SignalOutbox
 from broker.sublist import Sublist
 from broker.watch import AUTH_FILE, CONFIG_FILE, RULES_FILE, FileWatch
 from broker.zap import ZapHandler, message_user, secure
@@ -163,6 +164,7 @@ class Router:
         self._outgoing: dict[int, list[tuple[proto.DeliveryHeader, bytes]]] = {}
         self.writers: dict[int, int] = {}  # shard -> pid, from hello
         self._replies: dict[bytes, list[bytes]] = {}  # client -> reply bodies to batch
+        self._signals_out = SignalOutbox()  # sent at the end of each pass
         self._tokens = itertools.count(1)
         self.started_at = now_ms()
         self._bound: list[str] = []
@@ -260,6 +262,7 @@ class Router:
                 self.rejections.flush_due(now)
                 next_sweep = now + POLL_MS
             self._flush_replies()
+            self._signals_out.flush(self.signals)
 
     @staticmethod
     def _drain(sock: zmq.Socket, handle: Callable[[list[bytes]], None], limit: int = 1000) -> None:
@@ -672,7 +675,7 @@ class Router:
         """Backpressure, then the circuit breaker, for one target of a publish."""
         refusal, probe, signals = self.reliability.gate(target.hash, target.subject, sender, now)
         for subject, signal_ in signals:
-            self.signals.send_multipart(wire.encode_signal(subject, signal_.to_wire()))
+            self._signals_out.add(subject, signal_.to_wire())
         if refusal is not None:
             self.rejections.record(now, refusal.reason, target.hash, sender)
         return refusal, probe
@@ -1027,7 +1030,7 @@ class Router:
             now_ms(),
             {"messageId": message_id, "endpoint": endpoint},
         )
-        self.signals.send_multipart(wire.encode_signal(sender, signal_.to_wire()))
+        self._signals_out.add(sender, signal_.to_wire())
 
     def _op_signal(self, session: Session, req: wire.Request) -> Any:
         subject = validate(_str(req, "subject"))
@@ -1042,7 +1045,7 @@ class Router:
             decision = self.rules.decide(self._sender(session, _str(req, "from")), subject)
             if not decision.allowed:
                 raise AccessDenied(f"signals from {sender} to {subject} are denied by a rule")
-        self.signals.send_multipart(wire.encode_signal(subject, signal_.to_wire()))
+        self._signals_out.add(subject, signal_.to_wire())
         return {}
 
     def _op_dead_letters(self, session: Session, req: wire.Request) -> Any:

@@ -45,6 +45,7 @@ log = logging.getLogger("relay.client")
 
 DEFAULT_TIMEOUT = 10.0
 HEARTBEAT_S = 1.0
+QUIET_SIGNALS_LIMIT = 10_000  # signals sent with wait=False waiting to leave; more wait
 Handler = Callable[[Envelope], Any]
 _client_numbers = itertools.count(1)  # names each client's inproc socket uniquely
 # A refusal, not a connection cut mid-handshake (NO_DETAIL: a router restarting).
@@ -93,6 +94,10 @@ class Client:
         self._outbox.setsockopt(zmq.LINGER, 0)
         self._outbox.connect(self._outbox_addr)
         self._signal_queue: queue.Queue = queue.Queue()
+        # Signals sent with wait=False, not yet taken by the I/O thread: it takes them all
+        # at once, so a burst costs one wake-up, not one per signal.
+        self._quiet: list[bytes] = []
+        self._quiet_taken = threading.Condition(self._lock)
         self._refused: NotAuthorized | None = None  # the broker refused our handshake
         self._batch_limit = 1  # requests per frame; the broker's hello may raise it
         self._io = threading.Thread(target=self._io_loop, name="relay-client-io", daemon=True)
@@ -216,11 +221,17 @@ class Client:
             except zmq.Again:
                 break
             kind = item[:1]
-            if kind == b"R":  # a request: 8 bytes of rid (0: no reply wanted), the body
+            if kind == b"R":  # a request: 8 bytes of rid, then the body
                 rid = int.from_bytes(item[1:9], "big")
-                if not rid or rid in self._futures:  # not failed already (refused, expired)
+                if rid in self._futures:  # not failed already (refused, expired)
                     rids.append(rid)
                     bodies.append(item[9:])
+            elif kind == b"Q":  # signals sent with wait=False: all queued so far
+                with self._lock:
+                    quiet, self._quiet = self._quiet, []
+                    self._quiet_taken.notify_all()
+                rids.extend([0] * len(quiet))
+                bodies.extend(quiet)
             elif kind == b"C":  # connect the signal socket
                 sub.connect(item[1:].decode())
             elif kind == b"S":  # subscribe the signal socket to a prefix
@@ -512,9 +523,19 @@ class Client:
             return
         body = wire.encode_request("signal", 0, reply=False, **fields)[1]
         with self._lock:
+            # A full buffer waits for the I/O thread to take it (a local hand-off, not
+            # a round trip), as a socket send waits for room.
+            full = len(self._quiet) >= QUIET_SIGNALS_LIMIT
+            if full and not self._quiet_taken.wait_for(self._quiet_has_room, self.timeout):
+                raise Timeout(f"signal not sent: {QUIET_SIGNALS_LIMIT} are waiting to leave")
             if self._closed:
                 raise Unavailable("client is closed")
-            self._outbox.send(b"R" + bytes(8) + body)
+            self._quiet.append(body)
+            if len(self._quiet) == 1:  # else the I/O thread has been told already
+                self._outbox.send(b"Q")
+
+    def _quiet_has_room(self) -> bool:
+        return len(self._quiet) < QUIET_SIGNALS_LIMIT or self._closed
 
     def on_signal(self, pattern: str, handler: SignalHandler) -> Callable[[], None]:
         """Call handler(subject, signal) for each signal whose subject matches pattern."""
@@ -541,14 +562,24 @@ class Client:
                 self._dispatch_signal(frames)
 
     def _dispatch_signal(self, frames: list[bytes]) -> None:
+        """One PUB message: a subject and the signals sent on it, in order."""
         try:
-            subject, body = wire.decode_signal(frames)
-            signal = Signal.from_wire(body)
+            subject, bodies = wire.decode_signals(frames)
         except RelayError:
-            log.warning("malformed signal dropped")
+            log.warning("malformed signal message dropped")
             return
-        for pattern, handler in list(self._signal_handlers.values()):
-            if subjects.matches(subject, pattern):
+        handlers = [
+            h for p, h in list(self._signal_handlers.values()) if subjects.matches(subject, p)
+        ]
+        if not handlers:
+            return
+        for body in bodies:
+            try:
+                signal = Signal.from_wire(body)
+            except RelayError:
+                log.warning("malformed signal on %s dropped", subject)
+                continue
+            for handler in handlers:
                 try:
                     handler(subject, signal)
                 except Exception:
@@ -627,6 +658,7 @@ class Client:
         self._subs.clear()
         with self._lock:
             self._closed = True
+            self._quiet_taken.notify_all()  # a signal() waiting for room gives up
         self._io.join(2)
         self._outbox.close(0)
         for future in list(self._futures.values()):

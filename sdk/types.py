@@ -119,13 +119,16 @@ def _valid_subject(value: str, path: str, name: str, wildcards: bool = False) ->
 
 
 def _mapping(d: object, path: str) -> Mapping[str, Any]:
-    if not isinstance(d, Mapping):
+    if type(d) is not dict and not isinstance(d, Mapping):  # dict: skip the ABC check
         raise InvalidMessage(f"{path or 'message'} must be an object, got {d!r:.60}")
     return d
 
 
 def _enum(d: Mapping[str, Any], name: str, enum: type[StrEnum], path: str) -> Any:
     value = _field(d, name, str, path)
+    member = enum._value2member_map_.get(value)  # what enum(value) finds, without its cost
+    if member is not None:
+        return member
     try:
         return enum(value)
     except ValueError:

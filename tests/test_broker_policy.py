@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+import zmq
 
 from sdk import wire
 from sdk.errors import AccessDenied
@@ -197,3 +198,57 @@ def test_a_reply_naming_its_parent_carries_the_parents_stored_budget_not_a_fresh
     [answer] = wait_for(lambda: at_a, what="the answer at A")
     assert answer.budget.hop_count == question.budget.hop_count + 1 == 2
     assert answer.budget.ancestor_chain == (B, A)
+
+
+def test_a_burst_of_signals_sent_without_waiting_arrives_whole_and_in_order(broker, monkeypatch):
+    # A tiny buffer: most sends find it full and must wait for the I/O thread rather
+    # than drop a signal.
+    monkeypatch.setattr("sdk.client.QUIET_SIGNALS_LIMIT", 3)
+    client = broker.client()
+    got = []  # progress signals only: probes of signals_flowing may still be arriving
+    client.on_signal(
+        "relay.agent.demo.*",
+        lambda subject, sig: sig.type == SignalType.PROGRESS and got.append((subject, sig.data)),
+    )
+    signals_flowing(client, A)
+    # Runs of five on each subject in turn: each run may leave as one PUB message, and
+    # a wildcard subscriber must still see the order they were sent in.
+    sent = [(A if n // 5 % 2 else B, {"n": n}) for n in range(1500)]
+    for subject, data in sent:
+        client.signal(
+            subject, Signal(SignalType.PROGRESS, "on", subject, now_ms(), data), wait=False
+        )
+    wait_for(lambda: len(got) >= len(sent), what="every signal of the burst")
+    assert got == sent
+
+
+def test_signals_that_follow_each_other_on_a_subject_leave_the_router_in_one_message(broker):
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, A.encode())
+    sub.connect(broker.home.signals_address)
+    client = broker.client()
+    probe = Signal(SignalType.PRESENCE, "probe", A, now_ms())
+    wait_for(lambda: client.signal(A, probe) or sub.poll(50), what="the SUB to join")
+    while sub.poll(200):  # the other probes
+        sub.recv_multipart()
+    dealer = broker.raw_dealer()
+    try:
+        batch = [
+            {
+                "op": "signal",
+                "rid": 0,
+                "reply": False,
+                "subject": A,
+                "signal": Signal(SignalType.PROGRESS, str(n), A, now_ms()).to_wire(),
+            }
+            for n in range(100)
+        ]
+        dealer.send_multipart([wire.MAGIC, wire.packb(batch)])  # one frame: one pass
+        assert sub.poll(10_000)
+        subject, signals = wire.decode_signals(sub.recv_multipart())
+        assert subject == A
+        assert [s["state"] for s in signals] == [str(n) for n in range(100)]
+    finally:
+        dealer.close()
+        sub.close()

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from sdk.errors import InvalidMessage, InvalidSubject
+from sdk import wire
+from sdk.errors import InvalidMessage, InvalidSubject, MalformedFrame
 from sdk.ids import new_id
 from sdk.types import (
     DEFAULT_CALL_BUDGET,
@@ -556,8 +557,6 @@ def test_dead_letter_info_is_validated_in_a_file() -> None:
 
 
 def test_a_batch_frame_is_the_packed_bodies_as_one_msgpack_array():
-    from sdk import wire
-
     for count in (1, 15, 16, 70_000):
         bodies = [wire.ok_body(i, i) for i in range(count)]
         frame = wire.batch(bodies)
@@ -570,3 +569,14 @@ def test_a_batch_frame_is_the_packed_bodies_as_one_msgpack_array():
 def _is_msgpack_array(body: bytes) -> bool:
     """Whether a packed body is a msgpack array (fixarray, array 16 or array 32)."""
     return bool(body) and (body[0] & 0xF0 == 0x90 or body[0] in (0xDC, 0xDD))
+
+
+def test_a_signal_message_holds_one_map_or_an_array_of_them():
+    one = {"type": "typing", "state": "on"}
+    two = [one, {"type": "progress", "state": "50%"}]
+    assert wire.decode_signals(wire.encode_signals("a.b", [one])) == ("a.b", [one])
+    assert wire.encode_signals("a.b", [one])[1] == wire.packb(one)  # one signal: a bare map
+    assert wire.decode_signals(wire.encode_signals("a.b", two)) == ("a.b", two)
+    for broken in ([b"a.b"], [b"a.b", b"\xc1"], [b"\xff", wire.packb(one)], [b"a", b"b", b"c"]):
+        with pytest.raises(MalformedFrame):
+            wire.decode_signals(broken)

@@ -453,19 +453,21 @@ class Client {
       } catch {
         return; // closed
       }
-      let subject, signal;
+      let subject, received;
       try {
-        [subject, signal] = wire.decodeSignal(frames);
+        [subject, received] = wire.decodeSignals(frames);
       } catch {
         continue;
       }
       if (!subjects.isValid(subject)) continue;
-      for (const { pattern, handler } of [...signals.handlers.values()]) {
-        if (!subjects.matches(subject, pattern)) continue;
-        try {
-          handler(subject, signal);
-        } catch (err) {
-          process.emitWarning(`relay signal handler failed: ${err && err.stack ? err.stack : err}`);
+      const handlers = [...signals.handlers.values()].filter(({ pattern }) => subjects.matches(subject, pattern));
+      for (const signal of received) {
+        for (const { handler } of handlers) {
+          try {
+            handler(subject, signal);
+          } catch (err) {
+            process.emitWarning(`relay signal handler failed: ${err && err.stack ? err.stack : err}`);
+          }
         }
       }
     }

@@ -85,21 +85,29 @@ function decodeIncoming(frames) {
   return { kind: "reply", rid, ok: false, result: undefined, error: errorFromWire(header.error), raw: header };
 }
 
-/** @param {string} subject @param {Record<string, unknown>} signal */
-function encodeSignal(subject, signal) {
-  return [Buffer.from(subject, "utf8"), pack(signal)];
+/**
+ * One signal message: the subject, then one signal map or an array of them (the router
+ * joins the signals that follow each other on one subject).
+ * @param {string} subject @param {Record<string, unknown>[]} signals
+ */
+function encodeSignals(subject, signals) {
+  return [Buffer.from(subject, "utf8"), pack(signals.length === 1 ? signals[0] : signals)];
 }
 
-/** @param {Uint8Array[]} frames @returns {[string, Record<string, unknown>]} */
-function decodeSignal(frames) {
-  if (frames.length !== 2) throw new MalformedFrameError(`a signal has 2 frames, got ${frames.length}`);
-  const signal = unpack(frames[1]);
-  if (signal === null || typeof signal !== "object" || Array.isArray(signal)) {
-    throw new MalformedFrameError("a signal body must be a map");
-  }
-  return [Buffer.from(frames[0]).toString("utf8"), signal];
+/**
+ * The subject and the signal maps of a signal message, oldest first; an item that is
+ * not a map is left out (one bad item costs only itself).
+ * @param {Uint8Array[]} frames @returns {[string, Record<string, unknown>[]]}
+ */
+function decodeSignals(frames) {
+  if (frames.length !== 2) throw new MalformedFrameError(`a signal message has 2 frames, got ${frames.length}`);
+  const body = unpack(frames[1]);
+  const isMap = (x) => x !== null && typeof x === "object" && !Array.isArray(x);
+  const signals = Array.isArray(body) ? body.filter(isMap) : isMap(body) ? [body] : [];
+  if (signals.length === 0) throw new MalformedFrameError("a signal message holds no signal map");
+  return [Buffer.from(frames[0]).toString("utf8"), signals];
 }
 
 module.exports = {
-  PROTOCOL_VERSION, MAGIC, pack, unpack, encodeRequest, decodeIncoming, encodeSignal, decodeSignal,
+  PROTOCOL_VERSION, MAGIC, pack, unpack, encodeRequest, decodeIncoming, encodeSignals, decodeSignals,
 };
