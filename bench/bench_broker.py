@@ -13,7 +13,9 @@ Ceilings (raw Python, no Relay code):
   processes → middle → client over ipc://, each writer doing only the durable work,
   group-committed like Relay's ((a) for one message, (b)'s steps for several) plus
   one index transaction per commit (p50/p99 one at a time; msg/s with 100 in flight;
-  publish → consumer at the offered rate). Relay cannot be faster than its own shape.
+  publish → consumer at the offered rate, each message stored into one Maildir's cur/
+  on one writer and acknowledged by the consumer: a durable rename to done, as Relay's
+  ack). Relay cannot be faster than its own shape.
 
 Relay: durable publish with 1 in flight (one endpoint) and with 100 in flight (8
 endpoints spread over the shards), for 1 and 2 shards; a wildcard publish that fans
@@ -345,16 +347,19 @@ def _drain_all(sock: zmq.Socket, first: list[bytes], limit: int = 1000) -> list[
     return got
 
 
-def _pipe_middle(client_address: str, to_writers: str, from_writers: str) -> None:
+def _pipe_middle(client_address: str, to_writers: list[str], from_writers: str) -> None:
     """Child process: the router's place with nothing in it, batching as the router
-    does. What a pass reads from clients goes to the writers in one message each (round
-    robin), and what comes back leaves in one message per client; a stored message is
-    answered to its publisher, or pushed to the consumer when it was sent as
-    ``deliver``."""
+    does. What a pass reads from clients goes to the writers in one message each: round
+    robin, but a ``deliver`` to writer 0 (one endpoint lives on one shard) and an
+    ``ack`` to the writer that stored its message (as the router sends a ``done``).
+    What comes back leaves in one message per client; a stored message is answered to
+    its publisher, or pushed to the consumer when it was sent as ``deliver``."""
     ctx = zmq.Context()
-    clients, push, pull = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    clients, pull = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PULL)
+    pushes = [ctx.socket(zmq.PUSH) for _ in to_writers]
     clients.bind(client_address)
-    push.bind(to_writers)
+    for push, address in zip(pushes, to_writers, strict=True):
+        push.bind(address)
     pull.bind(from_writers)
     poller = zmq.Poller()
     poller.register(clients, zmq.POLLIN)
@@ -364,20 +369,24 @@ def _pipe_middle(client_address: str, to_writers: str, from_writers: str) -> Non
         for sock, _ in poller.poll():
             if sock is clients:
                 requests = _drain_all(clients, clients.recv_multipart())
-                groups: list[list[bytes]] = [[] for _ in range(PIPE_WRITERS)]
+                groups: list[list[bytes]] = [[] for _ in pushes]
                 for n, (identity, kind, body) in enumerate(requests):
                     if kind == b"consume":
                         consumer = identity
                         clients.send_multipart([identity, kind, body])
                     elif kind == b"stop":
-                        for _ in range(PIPE_WRITERS):
+                        for push in pushes:
                             push.send_multipart([identity, kind, body])
                         clients.send_multipart([identity, kind, body])
                         ctx.destroy(linger=1000)  # the stops and the reply leave first
                         return
+                    elif kind == b"ack":  # body: b"<writer>|<file name>"
+                        groups[int(body.split(b"|", 1)[0])] += [identity, kind, body]
+                    elif kind == b"deliver":  # one consumer's endpoint: one shard
+                        groups[0] += [identity, kind, body]
                     else:
-                        groups[n % PIPE_WRITERS] += [identity, kind, body]
-                for group in groups:
+                        groups[n % len(pushes)] += [identity, kind, body]
+                for push, group in zip(pushes, groups, strict=True):
                     if group:
                         push.send_multipart(group)
             else:
@@ -390,59 +399,84 @@ def _pipe_middle(client_address: str, to_writers: str, from_writers: str) -> Non
                     clients.send_multipart([target, *frames])
 
 
-def _pipe_writer(to_writers: str, from_writers: str, directory: str) -> None:
+def _pipe_writer(writer: int, to_writer: str, from_writers: str, directory: str) -> None:
     """Child process: the writer's place with only the durable work in it. Takes what
     is queued (group commit); one message: anchor (a) (write, fsync, rename, fsync the
     directory); several: anchor (b)'s steps (write all, syncfs, rename all, then one
-    fsync per directory, or a second syncfs past two, as the writer decides). Then one
-    index transaction (apsw, WAL, synchronous=NORMAL: the writer's pragmas) and one
+    fsync per directory, or a second syncfs past two, as the writer decides). A
+    ``deliver`` is stored into ``cur/`` of one Maildir (as Relay stores a message for one
+    endpoint claimed when its consumer waits); an ``ack`` renames its file there to done
+    (as Relay's ``done``) before the renames whose directory flush then covers it. Then
+    one index transaction (apsw, WAL, synchronous=NORMAL: the writer's pragmas) and one
     reply message for the whole commit."""
     import apsw
 
     index = apsw.Connection(f"{directory}/index.db")
     index.execute("PRAGMA journal_mode=WAL")
     index.execute("PRAGMA synchronous=NORMAL")
-    index.execute("CREATE TABLE m (n INTEGER PRIMARY KEY, size INTEGER)")
+    index.execute("CREATE TABLE m (n INTEGER PRIMARY KEY, size INTEGER, done INTEGER)")
     dirs = [f"{directory}/{k}" for k in range(PIPE_DIRS)]
     ctx = zmq.Context()
     pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-    pull.connect(to_writers)
+    pull.connect(to_writer)
     push.connect(from_writers)
     n = 0
     while True:
         batch = [t for m in _drain_all(pull, pull.recv_multipart(), 512) for t in _triplets(m)]
         if any(kind == b"stop" for _, kind, _ in batch):
             break
+        acked, touched = [], set()
+        for _, kind, body in batch:
+            if kind == b"ack":
+                name = body.split(b"|", 1)[1].decode()  # "<dir number>/<n>"
+                where, k = name.split("/")
+                os.rename(f"{dirs[int(where)]}/cur/{k}", f"{dirs[int(where)]}/cur/{k}:2,S")
+                acked.append(int(k))
+                touched.add(f"{dirs[int(where)]}/cur")
+        stores = [(kind, body) for _, kind, body in batch if kind != b"ack"]
         files = []
-        for _, _, body in batch:
-            files.append((dirs[n % PIPE_DIRS], n, len(body)))
-            fd = os.open(f"{files[-1][0]}/tmp/{n}", _OPEN_NEW, 0o600)
+        for kind, body in stores:
+            # A consumer's messages go to its endpoint's one Maildir; publishes spread.
+            where, sub = (0, "cur") if kind == b"deliver" else (n % PIPE_DIRS, "new")
+            files.append((where, sub, n, len(body)))
+            fd = os.open(f"{dirs[where]}/tmp/{n}", _OPEN_NEW, 0o600)
             os.write(fd, body)
-            if len(batch) == 1:
+            if len(stores) == 1:
                 os.fsync(fd)
             os.close(fd)
             n += 1
-        if len(batch) > 1:
+        if len(stores) > 1:
             fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
             syncfs(fd)
             os.close(fd)
-        for where, k, _ in files:
-            os.rename(f"{where}/tmp/{k}", f"{where}/new/{k}")
-        touched = sorted({where for where, _, _ in files})
+        for where, sub, k, _ in files:
+            os.rename(f"{dirs[where]}/tmp/{k}", f"{dirs[where]}/{sub}/{k}")
+            touched.add(f"{dirs[where]}/{sub}")
         if len(touched) > 2:
             fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
             syncfs(fd)
             os.close(fd)
         else:
-            for where in touched:
-                _fsync_dir(f"{where}/new")
+            for path in sorted(touched):
+                _fsync_dir(path)
         with index:
-            index.executemany("INSERT INTO m VALUES (?, ?)", [(k, size) for _, k, size in files])
+            index.executemany(
+                "INSERT INTO m VALUES (?, ?, 0)", [(k, size) for _, _, k, size in files]
+            )
+            index.executemany("UPDATE m SET done = 1 WHERE n = ?", [(k,) for k in acked])
         # A stored message is answered with its kind only (Relay's "stored" is a small
-        # row); the consumer of a ``deliver`` gets the message itself.
-        push.send_multipart(
-            [f for i, kind, body in batch for f in (i, kind, body if kind == b"deliver" else b"")]
-        )
+        # row), an ack with "acked"; the consumer of a ``deliver`` gets the message
+        # itself, after "<writer>|<dir>/<n>|" to name it in its ack.
+        reply, stored = [], iter(files)
+        for identity, kind, body in batch:
+            if kind == b"ack":
+                reply += [identity, b"acked", b""]
+                continue
+            where, _, k, _ = next(stored)
+            if kind == b"deliver":
+                body = b"%d|%d/%d|" % (writer, where, k) + body
+            reply += [identity, kind, body if kind == b"deliver" else b""]
+        push.send_multipart(reply)
     ctx.destroy(0)
 
 
@@ -455,17 +489,25 @@ class RawPipeline:
     architecture, for the 1-in-flight, 100-in-flight and handler rows."""
 
     def __init__(self, base: Path) -> None:
-        addresses = [f"ipc://{base}/raw-pipe-{name}.sock" for name in ("in", "w", "r")]
+        client_address = f"ipc://{base}/raw-pipe-in.sock"
+        to_writers = [f"ipc://{base}/raw-pipe-w{w}.sock" for w in range(PIPE_WRITERS)]
+        from_writers = f"ipc://{base}/raw-pipe-r.sock"
         spawn = multiprocessing.get_context("spawn")
-        self.children = [spawn.Process(target=_pipe_middle, args=addresses, daemon=True)]
-        for w in range(PIPE_WRITERS):
+        self.children = [
+            spawn.Process(
+                target=_pipe_middle, args=(client_address, to_writers, from_writers), daemon=True
+            )
+        ]
+        for w, to_writer in enumerate(to_writers):
             directory = base / f"raw-pipeline-{w}"
             for k in range(PIPE_DIRS):
-                (directory / str(k) / "tmp").mkdir(parents=True)
-                (directory / str(k) / "new").mkdir()
+                for sub in ("tmp", "new", "cur"):
+                    (directory / str(k) / sub).mkdir(parents=True)
             self.children.append(
                 spawn.Process(
-                    target=_pipe_writer, args=(*addresses[1:], str(directory)), daemon=True
+                    target=_pipe_writer,
+                    args=(w, to_writer, from_writers, str(directory)),
+                    daemon=True,
                 )
             )
         for child in self.children:
@@ -473,7 +515,7 @@ class RawPipeline:
         self.ctx = zmq.Context()
         self.publisher, self.consumer = self.ctx.socket(zmq.DEALER), self.ctx.socket(zmq.DEALER)
         for sock in (self.publisher, self.consumer):
-            sock.connect(addresses[0])
+            sock.connect(client_address)
         self.consumer.send_multipart([b"consume", b""])
         if not self.consumer.poll(30_000):
             raise RuntimeError("raw pipeline did not start")
@@ -512,7 +554,9 @@ class RawPipeline:
         return {"p50": _pct(latencies, 50), "p99": _pct(latencies, 99)}
 
     def handler(self) -> dict[str, float]:
-        """Publish at OFFERED_RATE; a thread receiving for the consumer notes arrivals."""
+        """Publish at OFFERED_RATE; a thread receiving for the consumer notes each
+        arrival and acknowledges it (the writer renames it done, durably), as Relay's
+        consumer acks every message it handled."""
         count = int(OFFERED_RATE * OFFERED_SECONDS)
         latencies: list[float] = []
 
@@ -522,8 +566,12 @@ class RawPipeline:
                     return
                 frames = self.consumer.recv_multipart()  # one or more (kind, body) pairs
                 now = time.monotonic_ns()
-                for body in frames[1::2]:
-                    latencies.append((now - int(body[:20])) / 1000)
+                for kind, body in zip(frames[0::2], frames[1::2], strict=True):
+                    if kind != b"deliver":
+                        continue  # "acked"
+                    writer, name, message = body.split(b"|", 2)
+                    latencies.append((now - int(message[:20])) / 1000)
+                    self.consumer.send_multipart([b"ack", writer + b"|" + name])
 
         receiver = threading.Thread(target=consume)
         receiver.start()
@@ -978,7 +1026,7 @@ def _table(m: dict[str, dict[str, float]], kind: str) -> list[Row]:
                 f"{what}: p50",
                 handler["p50"],
                 "us",
-                "(e) the architecture, no Relay code: p50",
+                "(e) store claimed, push, ack per message: p50",
                 floor_handler["p50"],
             ),
         ]
