@@ -562,15 +562,19 @@ class RawPipeline:
         count = int(OFFERED_RATE * OFFERED_SECONDS)
         latencies: list[float] = []
 
+        acked = [0]
+
         def consume() -> None:
-            while len(latencies) < count:
+            # Until every ack is answered too: none is left to the next row's disk time.
+            while len(latencies) < count or acked[0] < count:
                 if not self.consumer.poll(30_000):
                     return
                 frames = self.consumer.recv_multipart()  # one or more (kind, body) pairs
                 now = time.monotonic_ns()
                 for kind, body in zip(frames[0::2], frames[1::2], strict=True):
-                    if kind != b"deliver":
-                        continue  # "acked"
+                    if kind == b"acked":
+                        acked[0] += 1
+                        continue
                     writer, name, message = body.split(b"|", 2)
                     latencies.append((now - int(message[:20])) / 1000)
                     self.consumer.send_multipart([b"ack", writer + b"|" + name])

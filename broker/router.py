@@ -175,7 +175,8 @@ class Router:
         self.clients = self._socket(zmq.ROUTER)
         self.clients.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.clients.setsockopt(zmq.SNDHWM, 100_000)
-        self.signals = self._socket(zmq.PUB)
+        # XPUB: the router sees the topics subscribed to (broker/signal_out.py).
+        self.signals = self._socket(zmq.XPUB)
         secure(self.clients, self.address, home.keys)
         secure(self.signals, self.signals_address, home.keys)
         self.to_writers = [self._socket(zmq.PUSH) for _ in range(shards)]
@@ -237,6 +238,7 @@ class Router:
             poller.register(monitor, zmq.POLLIN)
         poller.register(self.watch.fileno(), zmq.POLLIN)
         poller.register(self.zap.socket, zmq.POLLIN)
+        poller.register(self.signals, zmq.POLLIN)
         next_sweep = 0
         while not self.stopping:
             events = dict(poller.poll(POLL_MS))
@@ -247,6 +249,8 @@ class Router:
                     self._load_auth_file()
             if self.zap.socket in events:
                 self.zap.handle()
+            if self.signals in events:
+                self._drain(self.signals, lambda frames: self._signals_out.subscription(frames[0]))
             for monitor, shard in self._writer_monitors.items():
                 if monitor in events:
                     monitor.recv_multipart()

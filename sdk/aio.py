@@ -39,9 +39,10 @@ from collections.abc import Awaitable, Callable, Generator, Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from sdk.client import DEFAULT_TIMEOUT, Client
+from sdk.client import DEFAULT_TIMEOUT, Client, signal_fields
 from sdk.client import connect as _connect
 from sdk.errors import Timeout, Unavailable
+from sdk.quiet import Full
 from sdk.types import AccessRule, Budget, EndpointInfo, Envelope, PublishResult, Signal
 
 Unsubscribe = Callable[[], Awaitable[None]]
@@ -159,11 +160,15 @@ class AsyncClient:
     async def signal(
         self, subject: str, signal: Signal, *, sender: str | None = None, wait: bool = True
     ) -> None:
-        """As `Client.signal`; with ``wait=False`` it returns without a round trip."""
-        if not wait:  # only queued for the I/O thread: no need to leave the loop
-            self.sync.signal(subject, signal, sender=sender, wait=False)
-            return
-        await asyncio.to_thread(self.sync.signal, subject, signal, sender=sender)
+        """As `Client.signal`; with ``wait=False`` it returns without a round trip, and
+        waits (off the event loop) only while the client's buffer of them is full."""
+        if not wait:
+            try:  # queued for the I/O thread: no need to leave the loop ...
+                self.sync._signal_quietly(signal_fields(subject, signal, sender), timeout=0)
+                return
+            except Full:  # ... unless it must wait for room
+                pass
+        await asyncio.to_thread(self.sync.signal, subject, signal, sender=sender, wait=wait)
 
     async def on_signal(self, pattern: str, handler: Callable[[str, Signal], Any]) -> Unsubscribe:
         """Call handler(subject, signal) for each matching signal; returns async unsubscribe."""

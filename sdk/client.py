@@ -31,6 +31,7 @@ from sdk import subjects, wire
 from sdk.curve import CurveKeys, client_keys
 from sdk.errors import InvalidMessage, NotAuthorized, RelayError, Timeout, Unavailable
 from sdk.paths import Home
+from sdk.quiet import Full, QuietSignals
 from sdk.types import (
     AccessRule,
     Budget,
@@ -94,10 +95,8 @@ class Client:
         self._outbox.setsockopt(zmq.LINGER, 0)
         self._outbox.connect(self._outbox_addr)
         self._signal_queue: queue.Queue = queue.Queue()
-        # Signals sent with wait=False, not yet taken by the I/O thread: it takes them all
-        # at once, so a burst costs one wake-up, not one per signal.
-        self._quiet: list[bytes] = []
-        self._quiet_taken = threading.Condition(self._lock)
+        self._quiet = QuietSignals(QUIET_SIGNALS_LIMIT)  # signal(wait=False), not yet sent
+        self._requests_sent = 0  # closes the open segment of quiet signals (sdk/quiet.py)
         self._refused: NotAuthorized | None = None  # the broker refused our handshake
         self._batch_limit = 1  # requests per frame; the broker's hello may raise it
         self._io = threading.Thread(target=self._io_loop, name="relay-client-io", daemon=True)
@@ -226,10 +225,8 @@ class Client:
                 if rid in self._futures:  # not failed already (refused, expired)
                     rids.append(rid)
                     bodies.append(item[9:])
-            elif kind == b"Q":  # signals sent with wait=False: all queued so far
-                with self._lock:
-                    quiet, self._quiet = self._quiet, []
-                    self._quiet_taken.notify_all()
+            elif kind == b"Q":  # signals sent with wait=False: one segment of them
+                quiet = self._quiet.take()
                 rids.extend([0] * len(quiet))
                 bodies.extend(quiet)
             elif kind == b"C":  # connect the signal socket
@@ -241,9 +238,14 @@ class Client:
                 dealer.send_multipart([wire.MAGIC, body], zmq.NOBLOCK)
             except zmq.ZMQError as exc:  # EAGAIN: the queue to an unreachable broker is full
                 error = f"broker at {self.address} unreachable: {exc}"
+                quiet = 0
                 for rid in rids[part.start : part.stop]:
                     if rid:
                         self._fail(rid, Unavailable(error))
+                    else:
+                        quiet += 1
+                if quiet:
+                    log.warning("%d signals sent with wait=False dropped: %s", quiet, error)
 
     def _receive(self, dealer: zmq.Socket) -> None:
         while True:
@@ -347,6 +349,7 @@ class Client:
             if before_send is not None:
                 self._pending_subs[rid] = before_send
             self._outbox.send(b"R" + rid.to_bytes(8, "big") + body)
+            self._requests_sent += 1
         return future
 
     def _call(self, op: str, *, timeout: float | None = None, **fields: Any) -> Any:
@@ -514,28 +517,31 @@ class Client:
     ) -> None:
         """Publish an ephemeral signal. With ``wait=False`` it is fire and forget: no
         round trip (many leave in one frame), and a refusal (access rule, sender not
-        allowed, bad subject) is not reported."""
-        fields: dict[str, Any] = {"subject": subject, "signal": signal.to_wire()}
-        if sender is not None:
-            fields["from"] = sender
+        allowed, bad subject) is not reported; when `QUIET_SIGNALS_LIMIT` such signals
+        wait to leave, the call waits for room (a `Timeout` after the client's timeout)."""
+        fields = signal_fields(subject, signal, sender)
         if wait:
             self._call("signal", **fields)
             return
-        body = wire.encode_request("signal", 0, reply=False, **fields)[1]
-        with self._lock:
-            # A full buffer waits for the I/O thread to take it (a local hand-off, not
-            # a round trip), as a socket send waits for room.
-            full = len(self._quiet) >= QUIET_SIGNALS_LIMIT
-            if full and not self._quiet_taken.wait_for(self._quiet_has_room, self.timeout):
-                raise Timeout(f"signal not sent: {QUIET_SIGNALS_LIMIT} are waiting to leave")
-            if self._closed:
-                raise Unavailable("client is closed")
-            self._quiet.append(body)
-            if len(self._quiet) == 1:  # else the I/O thread has been told already
-                self._outbox.send(b"Q")
+        try:
+            self._signal_quietly(fields, self.timeout)
+        except Full as exc:
+            raise Timeout(f"signal not sent within {self.timeout:g} s: {exc}") from None
 
-    def _quiet_has_room(self) -> bool:
-        return len(self._quiet) < QUIET_SIGNALS_LIMIT or self._closed
+    def _signal_quietly(self, fields: dict[str, Any], timeout: float | None) -> None:
+        """Queue a signal sent without a reply; `Full` when no room came in ``timeout``."""
+        body = wire.encode_request("signal", 0, reply=False, **fields)[1]
+        segment = self._quiet.put(body, self._requests_sent, timeout)
+        if segment is None:
+            return  # the marker of its segment is on its way already
+        try:
+            with self._lock:  # close() takes it too: no send on a closed socket
+                if self._closed:
+                    raise Unavailable("client is closed")
+                self._outbox.send(b"Q")
+        except BaseException:
+            self._quiet.withdraw(segment)  # no marker would ever take it
+            raise
 
     def on_signal(self, pattern: str, handler: SignalHandler) -> Callable[[], None]:
         """Call handler(subject, signal) for each signal whose subject matches pattern."""
@@ -549,7 +555,8 @@ class Client:
                 )
                 self._signals_thread.start()
             self._signal_handlers[key] = (pattern, handler)
-            self._outbox.send(b"S" + subjects.literal_prefix(pattern).encode())
+            # Runs of signals (one message for many): docs/protocol.md, "signal".
+            self._outbox.send(b"S" + wire.SIGNAL_RUN + subjects.literal_prefix(pattern).encode())
         return lambda: self._signal_handlers.pop(key, None) and None
 
     def _signal_loop(self) -> None:
@@ -568,22 +575,26 @@ class Client:
         except RelayError:
             log.warning("malformed signal message dropped")
             return
-        handlers = [
-            h for p, h in list(self._signal_handlers.values()) if subjects.matches(subject, p)
-        ]
-        if not handlers:
+        handlers = self._signal_handlers
+        matched = [(k, h) for k, (p, h) in list(handlers.items()) if subjects.matches(subject, p)]
+        if not matched:
             return
+        malformed = 0
         for body in bodies:
             try:
                 signal = Signal.from_wire(body)
             except RelayError:
-                log.warning("malformed signal on %s dropped", subject)
+                malformed += 1
                 continue
-            for handler in handlers:
+            for key, handler in matched:
+                if key not in handlers:  # unsubscribed while this run was handled
+                    continue
                 try:
                     handler(subject, signal)
                 except Exception:
                     log.exception("signal handler failed")
+        if malformed:
+            log.warning("%d malformed signals on %s dropped", malformed, subject)
 
     # ------------------------------------------------------------------ administration
 
@@ -658,7 +669,7 @@ class Client:
         self._subs.clear()
         with self._lock:
             self._closed = True
-            self._quiet_taken.notify_all()  # a signal() waiting for room gives up
+        self._quiet.close()
         self._io.join(2)
         self._outbox.close(0)
         for future in list(self._futures.values()):
@@ -671,6 +682,14 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def signal_fields(subject: str, signal: Signal, sender: str | None) -> dict[str, Any]:
+    """The fields of a ``signal`` request."""
+    fields: dict[str, Any] = {"subject": subject, "signal": signal.to_wire()}
+    if sender is not None:
+        fields["from"] = sender
+    return fields
 
 
 class _SubscriptionWorker:

@@ -280,29 +280,43 @@ def _reply_of(header: Any) -> Reply:
     return Reply(rid=header.get("rid", 0), ok=False, error=error)
 
 
-# Signals travel on the PUB socket as two frames: the subject (the ZeroMQ topic;
-# subscribers filter by the literal prefix of their pattern and then match exactly) and
-# a msgpack signal map, or an array of such maps sent on that subject, oldest first. The
-# router puts the signals of one pass that follow each other on one subject in one
-# array: under load that is one ZeroMQ message, and one wake-up of each subscriber, for
-# many signals.
+# Signals travel on the signals socket (XPUB) in two forms, each two frames, and a
+# subscriber chooses by the topic it subscribes to:
+# - one signal: the subject (the ZeroMQ topic) and the msgpack signal map. Version 1's
+#   form: subscribe to the literal prefix of your pattern, then match exactly.
+# - a run: ``+`` and the subject, then a msgpack array of the signal maps sent on that
+#   subject, oldest first. Subscribe to ``+`` and the literal prefix. The router puts the
+#   signals of one pass that follow each other on one subject in one run: under load
+#   that is one ZeroMQ message, and one wake-up of each subscriber, for many signals.
+# The router sends the first form only while a subscription that wants it exists.
 
-MAX_SIGNALS_PER_MESSAGE = 1024
+SIGNAL_RUN = b"+"  # topic prefix of runs; no subject starts with it
+MAX_SIGNALS_PER_RUN = 1024
 
 
-def encode_signals(subject: str, signals: Sequence[dict[str, Any]]) -> list[bytes]:
-    """One PUB message: the subject, then the signal map (one) or an array of them."""
-    return [subject.encode(), packb(signals[0] if len(signals) == 1 else list(signals))]
+def encode_signal(subject: str, body: bytes) -> list[bytes]:
+    """One signal, its map already packed."""
+    return [subject.encode(), body]
+
+
+def encode_signal_run(subject: str, bodies: Sequence[bytes]) -> list[bytes]:
+    """A run of signals on one subject, their maps already packed (no re-encoding)."""
+    return [SIGNAL_RUN + subject.encode(), batch(bodies)]
 
 
 def decode_signals(frames: Sequence[bytes]) -> tuple[str, list[Any]]:
-    """The subject and the signal maps of a PUB message (an item may be anything; the
-    caller validates each, so one bad item costs only itself)."""
+    """The subject and the signal maps of a message in either form (an item may be
+    anything; the caller validates each, so one bad item costs only itself)."""
     if len(frames) != 2:
         raise MalformedFrame(f"a signal message has 2 frames, got {len(frames)}")
+    topic = bytes(frames[0])
     try:
-        subject = bytes(frames[0]).decode()
-        signals = unpackb(frames[1])
+        body = unpackb(frames[1])
+        if not topic.startswith(SIGNAL_RUN):
+            return topic.decode(), [body]
+        subject = topic[len(SIGNAL_RUN) :].decode()
     except Exception:  # msgpack raises many unrelated types on bad input
         raise MalformedFrame("a signal message is a UTF-8 subject and msgpack") from None
-    return subject, signals if isinstance(signals, list) else [signals]
+    if not isinstance(body, list):
+        raise MalformedFrame("a run of signals must be an array")
+    return subject, body

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -50,6 +51,24 @@ def signals_flowing(
         )
     finally:
         stop()
+
+
+def park_io_thread(client: Client) -> threading.Event:
+    """Hold the client's I/O thread (in a reply's done-callback) until the returned
+    event is set, so that what callers queue meanwhile waits in its queue, in order."""
+    release, parked = threading.Event(), threading.Event()
+
+    def park(_future: Any) -> None:
+        if threading.current_thread().name == "relay-client-io":
+            parked.set()
+            release.wait(30)
+
+    def parks() -> bool:
+        client.request("ping").add_done_callback(park)  # runs here if the reply came first
+        return parked.wait(1)
+
+    wait_for(parks, what="the I/O thread to park")
+    return release
 
 
 def free_port() -> int:

@@ -13,7 +13,7 @@ from sdk import wire
 from sdk.errors import AccessDenied
 from sdk.paths import UNROUTABLE
 from sdk.types import AccessRule, RuleAction, Signal, SignalType, default_budget
-from tests.harness import signals_flowing, wait_for
+from tests.harness import park_io_thread, signals_flowing, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -222,33 +222,105 @@ def test_a_burst_of_signals_sent_without_waiting_arrives_whole_and_in_order(brok
     assert got == sent
 
 
-def test_signals_that_follow_each_other_on_a_subject_leave_the_router_in_one_message(broker):
+def _progress_seen(client) -> list[str]:
+    states: list[str] = []  # progress signals only: probes of signals_flowing may still come
+    client.on_signal(
+        A, lambda _s, sig: sig.type == SignalType.PROGRESS and states.append(sig.state)
+    )
+    signals_flowing(client, A)
+    return states
+
+
+def test_a_signal_without_reply_never_overtakes_a_request_sent_before_it(broker):
+    client = broker.client()
+    states = _progress_seen(client)
+    release = park_io_thread(client)
+    # All three wait in the I/O thread's queue; the middle one is a request.
+    client.signal(A, Signal(SignalType.PROGRESS, "1", A, now_ms()), wait=False)
+    waited = Signal(SignalType.PROGRESS, "2", A, now_ms()).to_wire()
+    request = client.request("signal", subject=A, signal=waited)
+    client.signal(A, Signal(SignalType.PROGRESS, "3", A, now_ms()), wait=False)
+    release.set()
+    request.result(10)
+    wait_for(lambda: len(states) >= 3, what="the three signals")
+    assert states == ["1", "2", "3"]
+
+
+def test_signals_without_reply_leave_while_a_caller_holds_the_clients_lock(broker):
+    # A caller blocked on a full queue to the I/O thread holds the client's lock; the
+    # I/O thread must empty that queue without taking the lock, or both wait forever.
+    client = broker.client()
+    states = _progress_seen(client)
+    release = park_io_thread(client)
+    client.signal(A, Signal(SignalType.PROGRESS, "sent", A, now_ms()), wait=False)
+    with client._lock:
+        release.set()
+        wait_for(lambda: states == ["sent"], what="the signal, with the client's lock held")
+
+
+def _raw_subscriber(broker, topic: bytes) -> zmq.Socket:
+    """A bare SUB on the signals socket, subscribed to ``topic``, once signals on A
+    reach it (its subscription travels asynchronously); the caller closes it."""
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.SUBSCRIBE, A.encode())
+    sub.setsockopt(zmq.SUBSCRIBE, topic)
     sub.connect(broker.home.signals_address)
     client = broker.client()
     probe = Signal(SignalType.PRESENCE, "probe", A, now_ms())
     wait_for(lambda: client.signal(A, probe) or sub.poll(50), what="the SUB to join")
-    while sub.poll(200):  # the other probes
-        sub.recv_multipart()
+    return sub
+
+
+def _send_progress_batch(broker, count: int) -> None:
+    """``count`` signals on A without reply, in one request frame: one pass of the router."""
+    batch = [
+        {
+            "op": "signal",
+            "rid": 0,
+            "reply": False,
+            "subject": A,
+            "signal": Signal(SignalType.PROGRESS, str(n), A, now_ms()).to_wire(),
+        }
+        for n in range(count)
+    ]
     dealer = broker.raw_dealer()
     try:
-        batch = [
-            {
-                "op": "signal",
-                "rid": 0,
-                "reply": False,
-                "subject": A,
-                "signal": Signal(SignalType.PROGRESS, str(n), A, now_ms()).to_wire(),
-            }
-            for n in range(100)
-        ]
-        dealer.send_multipart([wire.MAGIC, wire.packb(batch)])  # one frame: one pass
-        assert sub.poll(10_000)
-        subject, signals = wire.decode_signals(sub.recv_multipart())
-        assert subject == A
+        dealer.send_multipart([wire.MAGIC, wire.packb(batch)])
+    finally:
+        dealer.close(linger=1000)
+
+
+def _progress_messages(sub: zmq.Socket, signals_wanted: int) -> list[tuple[bytes, list]]:
+    """(topic, maps) of each message holding progress signals, until that many came
+    (probes still arriving are skipped)."""
+    got: list[tuple[bytes, list]] = []
+    while sum(len(maps) for _, maps in got) < signals_wanted:
+        assert sub.poll(10_000), f"only {got} arrived"
+        frames = sub.recv_multipart()
+        _, maps = wire.decode_signals(frames)
+        progress = [m for m in maps if m["type"] == "progress"]
+        if progress:
+            got.append((frames[0], progress))
+    return got
+
+
+def test_signals_that_follow_each_other_on_a_subject_leave_the_router_as_one_run(broker):
+    sub = _raw_subscriber(broker, wire.SIGNAL_RUN + A.encode())
+    try:
+        _send_progress_batch(broker, 100)
+        [(topic, signals)] = _progress_messages(sub, 100)
+        assert topic == wire.SIGNAL_RUN + A.encode()
         assert [s["state"] for s in signals] == [str(n) for n in range(100)]
     finally:
-        dealer.close()
+        sub.close()
+
+
+def test_a_version_1_subscriber_gets_each_signal_as_its_own_message(broker):
+    sub = _raw_subscriber(broker, A.encode())  # no "+": one signal per message
+    try:
+        _send_progress_batch(broker, 20)
+        got = _progress_messages(sub, 20)
+        assert [topic for topic, _ in got] == [A.encode()] * 20
+        assert [maps[0]["state"] for _, maps in got] == [str(n) for n in range(20)]
+    finally:
         sub.close()

@@ -16,7 +16,7 @@ import pytest
 from sdk.aio import AsyncClient, connect
 from sdk.errors import InvalidMessage, Timeout, Unavailable
 from sdk.types import Envelope, Signal, SignalType
-from tests.harness import wait_for
+from tests.harness import park_io_thread, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -312,3 +312,35 @@ def _raises(call: Callable[[], Any], error: type[BaseException]) -> bool:
     except error:
         return True
     return False
+
+
+def test_a_signal_without_reply_waits_for_room_off_the_event_loop(broker, monkeypatch):
+    monkeypatch.setattr("sdk.client.QUIET_SIGNALS_LIMIT", 1)  # one waiting fills it
+
+    async def main() -> None:
+        async with connect(broker.home.root) as client:
+            release = park_io_thread(client.sync)  # nothing leaves the buffer meanwhile
+            signal_ = Signal(SignalType.PROGRESS, "on", A, 0)
+            await client.signal(A, signal_, wait=False)
+            ticks = 0
+
+            async def tick() -> None:
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await asyncio.sleep(0.001)
+
+            ticker = asyncio.create_task(tick())
+            waiting = asyncio.create_task(client.signal(A, signal_, wait=False))
+            before = ticks
+            await eventually(lambda: _true_after(ticks > before + 20), what="the loop to run")
+            assert not waiting.done()  # it waits for room, and the loop goes on meanwhile
+            release.set()
+            await asyncio.wait_for(waiting, 10)
+            ticker.cancel()
+
+    asyncio.run(main())
+
+
+async def _true_after(value: bool) -> bool:
+    return value

@@ -12,9 +12,10 @@ import threading
 
 import pytest
 
+from sdk import wire
 from sdk.client import connect
 from sdk.errors import Unavailable
-from sdk.types import Envelope, StandardPayload
+from sdk.types import Envelope, Signal, SignalType, StandardPayload
 from tests.harness import wait_for
 
 pytestmark = pytest.mark.integration
@@ -188,3 +189,13 @@ def test_standard_payload_is_published_as_its_wire_dict(broker):
     [name] = os.listdir(os.path.join(info.maildir_path, "cur"))
     with open(os.path.join(info.maildir_path, "cur", name), "rb") as f:
         assert json.load(f)["payload"] == wire
+
+
+def test_a_bad_item_in_a_run_of_signals_costs_only_itself(broker):
+    client = broker.client()
+    seen: list[str] = []
+    client.on_signal("relay.agent.demo.*", lambda _subject, signal: seen.append(signal.state))
+    good = [Signal(SignalType.TYPING, state, A, 1).to_wire() for state in ("a", "b")]
+    run = wire.encode_signal_run(A, [wire.packb(good[0]), wire.packb(7), wire.packb(good[1])])
+    client._dispatch_signal(run)  # as the signal thread does with a message that arrived
+    assert seen == ["a", "b"]

@@ -1,11 +1,13 @@
-"""The router's outgoing signals: runs on one subject leave as one PUB message, in order.
+"""The router's outgoing signals: runs on one subject leave as one message, in order, and
+version 1 subscribers still get one signal per message.
 
-A real PUB/SUB pair over inproc (ZeroMQ runs in microseconds; nothing to mock).
+A real XPUB/SUB pair over inproc (ZeroMQ runs in microseconds; nothing to mock).
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -15,64 +17,93 @@ from broker.signal_out import SignalOutbox
 from sdk import wire
 
 _addresses = itertools.count()
+RUNS = wire.SIGNAL_RUN
+
+
+class Bus:
+    """An XPUB feeding an outbox's subscription tracking, and SUBs to read what leaves."""
+
+    def __init__(self) -> None:
+        self.ctx = zmq.Context()
+        self.address = f"inproc://signal-out-{next(_addresses)}"
+        self.pub = self.ctx.socket(zmq.XPUB)
+        self.pub.bind(self.address)
+        self.out = SignalOutbox()
+
+    def subscriber(self, topic: bytes) -> zmq.Socket:
+        sub = self.ctx.socket(zmq.SUB)
+        sub.connect(self.address)
+        sub.setsockopt(zmq.SUBSCRIBE, topic)
+        self.take_subscriptions(expect=1)
+        return sub
+
+    def take_subscriptions(self, expect: int) -> None:
+        """Feed the outbox the XPUB's subscription messages, ``expect`` of them."""
+        deadline = time.monotonic() + 5
+        while expect:
+            assert self.pub.poll(max(1, int((deadline - time.monotonic()) * 1000)))
+            self.out.subscription(self.pub.recv())
+            expect -= 1
 
 
 @pytest.fixture
-def pub_sub() -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
-    ctx = zmq.Context()
-    address = f"inproc://signal-out-{next(_addresses)}"
-    pub, sub = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
-    pub.bind(address)
-    sub.connect(address)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.setsockopt(zmq.RCVTIMEO, 5000)
-    # inproc connects at once, but the subscription still travels: probe until it lands.
-    while True:
-        pub.send_multipart([b"probe", wire.packb({})])
-        if sub.poll(10):
-            sub.recv_multipart()
-            break
-    while sub.poll(50):  # the other probes
-        sub.recv_multipart()
-    yield pub, sub
-    ctx.destroy(0)
+def bus() -> Iterator[Bus]:
+    bus = Bus()
+    yield bus
+    bus.ctx.destroy(0)
 
 
-def _messages(sub: zmq.Socket) -> list[tuple[str, list[object]]]:
+def _messages(sub: zmq.Socket) -> list[tuple[bytes, list[object]]]:
     got = []
     while sub.poll(100):
-        got.append(wire.decode_signals(sub.recv_multipart()))
+        frames = sub.recv_multipart()
+        got.append((frames[0], wire.decode_signals(frames)[1]))
     return got
 
 
-def test_signals_on_one_subject_in_a_row_leave_as_one_message(pub_sub):
-    pub, sub = pub_sub
-    out = SignalOutbox()
+def test_signals_on_one_subject_in_a_row_leave_as_one_run(bus):
+    sub = bus.subscriber(RUNS + b"a")
     for n in range(5):
-        out.add("a.b", {"n": n})
-    out.flush(pub)
-    assert _messages(sub) == [("a.b", [{"n": n} for n in range(5)])]
+        bus.out.add("a.b", {"n": n})
+    bus.out.flush(bus.pub)
+    assert _messages(sub) == [(RUNS + b"a.b", [{"n": n} for n in range(5)])]
 
 
-def test_only_neighbours_are_joined_so_every_subscriber_sees_the_emitted_order(pub_sub):
-    pub, sub = pub_sub
-    out = SignalOutbox()
+def test_only_neighbours_are_joined_so_every_subscriber_sees_the_emitted_order(bus):
+    sub = bus.subscriber(RUNS)
     for n, subject in enumerate(["a", "a", "b", "a", "b", "b"]):
-        out.add(subject, {"n": n})
-    out.flush(pub)
+        bus.out.add(subject, {"n": n})
+    bus.out.flush(bus.pub)
     assert _messages(sub) == [
-        ("a", [{"n": 0}, {"n": 1}]),
-        ("b", [{"n": 2}]),
-        ("a", [{"n": 3}]),
-        ("b", [{"n": 4}, {"n": 5}]),
+        (RUNS + b"a", [{"n": 0}, {"n": 1}]),
+        (RUNS + b"b", [{"n": 2}]),
+        (RUNS + b"a", [{"n": 3}]),
+        (RUNS + b"b", [{"n": 4}, {"n": 5}]),
     ]
 
 
-def test_a_run_longer_than_the_limit_is_cut_and_a_flush_empties_the_outbox(pub_sub):
-    pub, sub = pub_sub
-    out = SignalOutbox(limit=3)
+def test_a_run_longer_than_the_limit_is_cut_and_a_flush_empties_the_outbox(bus):
+    sub = bus.subscriber(RUNS)
+    bus.out.limit = 3
     for n in range(7):
-        out.add("a", {"n": n})
-    out.flush(pub)
-    out.flush(pub)  # nothing left: sends nothing
+        bus.out.add("a", {"n": n})
+    bus.out.flush(bus.pub)
+    bus.out.flush(bus.pub)  # nothing left: sends nothing
     assert [len(signals) for _, signals in _messages(sub)] == [3, 3, 1]
+
+
+def test_a_version_1_subscription_gets_single_signals_only_while_it_lasts(bus):
+    runs, single = bus.subscriber(RUNS + b"a"), bus.subscriber(b"a")
+    bus.out.add("a.b", {"n": 0})
+    bus.out.add("a.b", {"n": 1})
+    bus.out.add("x.y", {"n": 2})  # nobody asked for x.y one by one
+    bus.out.flush(bus.pub)
+    assert _messages(single) == [(b"a.b", [{"n": 0}]), (b"a.b", [{"n": 1}])]
+    assert _messages(runs) == [(RUNS + b"a.b", [{"n": 0}, {"n": 1}])]
+
+    single.close()  # XPUB reports the topic gone when its last subscriber leaves
+    bus.take_subscriptions(expect=1)
+    bus.out.add("a.b", {"n": 3})
+    assert not bus.out._single("a.b")
+    bus.out.flush(bus.pub)
+    assert _messages(runs) == [(RUNS + b"a.b", [{"n": 3}])]

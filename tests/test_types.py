@@ -571,12 +571,20 @@ def _is_msgpack_array(body: bytes) -> bool:
     return bool(body) and (body[0] & 0xF0 == 0x90 or body[0] in (0xDC, 0xDD))
 
 
-def test_a_signal_message_holds_one_map_or_an_array_of_them():
+def test_a_signal_message_is_one_signal_or_a_run_of_them():
     one = {"type": "typing", "state": "on"}
     two = [one, {"type": "progress", "state": "50%"}]
-    assert wire.decode_signals(wire.encode_signals("a.b", [one])) == ("a.b", [one])
-    assert wire.encode_signals("a.b", [one])[1] == wire.packb(one)  # one signal: a bare map
-    assert wire.decode_signals(wire.encode_signals("a.b", two)) == ("a.b", two)
-    for broken in ([b"a.b"], [b"a.b", b"\xc1"], [b"\xff", wire.packb(one)], [b"a", b"b", b"c"]):
+    packed = [wire.packb(m) for m in two]
+    assert wire.decode_signals(wire.encode_signal("a.b", packed[0])) == ("a.b", [one])
+    run = wire.encode_signal_run("a.b", packed)
+    assert run[0] == b"+a.b"
+    assert wire.decode_signals(run) == ("a.b", two)
+    for broken in (
+        [b"a.b"],
+        [b"a.b", b"\xc1"],
+        [b"\xff", wire.packb(one)],
+        [b"a", b"b", b"c"],
+        [b"+a.b", wire.packb(one)],  # a run is an array
+    ):
         with pytest.raises(MalformedFrame):
             wire.decode_signals(broken)

@@ -436,7 +436,7 @@ class Client {
       this._signalLoop(this._signals);
     }
     const key = ++this._signalKeys;
-    const prefix = subjects.literalPrefix(pattern);
+    const prefix = wire.SIGNAL_RUN + subjects.literalPrefix(pattern); // runs: one message, many signals
     this._signals.handlers.set(key, { pattern, prefix, handler });
     this._signals.socket.subscribe(prefix);
     return () => {
@@ -460,9 +460,10 @@ class Client {
         continue;
       }
       if (!subjects.isValid(subject)) continue;
-      const handlers = [...signals.handlers.values()].filter(({ pattern }) => subjects.matches(subject, pattern));
+      const matched = [...signals.handlers].filter(([, { pattern }]) => subjects.matches(subject, pattern));
       for (const signal of received) {
-        for (const { handler } of handlers) {
+        for (const [key, { handler }] of matched) {
+          if (!signals.handlers.has(key)) continue; // unsubscribed during this run
           try {
             handler(subject, signal);
           } catch (err) {

@@ -85,29 +85,35 @@ function decodeIncoming(frames) {
   return { kind: "reply", rid, ok: false, result: undefined, error: errorFromWire(header.error), raw: header };
 }
 
+/** Topic prefix of a run of signals (docs/protocol.md, "signal"); no subject starts with it. */
+const SIGNAL_RUN = "+";
+
 /**
- * One signal message: the subject, then one signal map or an array of them (the router
- * joins the signals that follow each other on one subject).
+ * A run of signals on one subject: `+` and the subject, then an array of signal maps.
  * @param {string} subject @param {Record<string, unknown>[]} signals
  */
-function encodeSignals(subject, signals) {
-  return [Buffer.from(subject, "utf8"), pack(signals.length === 1 ? signals[0] : signals)];
+function encodeSignalRun(subject, signals) {
+  return [Buffer.from(SIGNAL_RUN + subject, "utf8"), pack(signals)];
 }
 
 /**
- * The subject and the signal maps of a signal message, oldest first; an item that is
- * not a map is left out (one bad item costs only itself).
+ * The subject and the signal maps of a signal message in either form (one signal, or
+ * a run), oldest first; an item that is not a map is left out (it costs only itself).
  * @param {Uint8Array[]} frames @returns {[string, Record<string, unknown>[]]}
  */
 function decodeSignals(frames) {
   if (frames.length !== 2) throw new MalformedFrameError(`a signal message has 2 frames, got ${frames.length}`);
+  const topic = Buffer.from(frames[0]).toString("utf8");
   const body = unpack(frames[1]);
   const isMap = (x) => x !== null && typeof x === "object" && !Array.isArray(x);
-  const signals = Array.isArray(body) ? body.filter(isMap) : isMap(body) ? [body] : [];
-  if (signals.length === 0) throw new MalformedFrameError("a signal message holds no signal map");
-  return [Buffer.from(frames[0]).toString("utf8"), signals];
+  if (!topic.startsWith(SIGNAL_RUN)) {
+    if (!isMap(body)) throw new MalformedFrameError("a signal body must be a map");
+    return [topic, [body]];
+  }
+  if (!Array.isArray(body)) throw new MalformedFrameError("a run of signals must be an array");
+  return [topic.slice(SIGNAL_RUN.length), body.filter(isMap)];
 }
 
 module.exports = {
-  PROTOCOL_VERSION, MAGIC, pack, unpack, encodeRequest, decodeIncoming, encodeSignals, decodeSignals,
+  PROTOCOL_VERSION, MAGIC, pack, unpack, encodeRequest, decodeIncoming, SIGNAL_RUN, encodeSignalRun, decodeSignals,
 };

@@ -83,14 +83,15 @@ test("wire: requests, replies and pushes", () => {
   assert.throws(() => wire.decodeIncoming([Buffer.from("RLY1"), Buffer.from([0xc1])]), relay.MalformedFrameError);
   assert.throws(() => wire.decodeIncoming([Buffer.from("RLY1"), wire.pack([1])]), relay.MalformedFrameError);
 
-  const [subject, signals] = wire.decodeSignals(wire.encodeSignals("a.b", [{ type: "typing" }]));
+  const [subject, signals] = wire.decodeSignals([Buffer.from("a.b"), wire.pack({ type: "typing" })]);
   assert.equal(subject, "a.b");
   assert.deepEqual(signals, [{ type: "typing" }]);
   const run = [{ type: "typing" }, { type: "progress" }];
-  assert.deepEqual(wire.decodeSignals(wire.encodeSignals("a.b", run))[1], run);
-  const oneBad = [Buffer.from("a.b"), wire.pack([{ type: "typing" }, 7])];
+  assert.deepEqual(wire.decodeSignals(wire.encodeSignalRun("a.b", run)), ["a.b", run]);
+  const oneBad = [Buffer.from("+a.b"), wire.pack([{ type: "typing" }, 7])];
   assert.deepEqual(wire.decodeSignals(oneBad)[1], [{ type: "typing" }]);
-  assert.throws(() => wire.decodeSignals([Buffer.from("a.b"), wire.pack(7)]), relay.MalformedFrameError);
+  assert.throws(() => wire.decodeSignals([Buffer.from("a.b"), wire.pack([{}])]), relay.MalformedFrameError);
+  assert.throws(() => wire.decodeSignals([Buffer.from("+a.b"), wire.pack({})]), relay.MalformedFrameError);
 });
 
 test("vectors: every vector encodes, and the matcher is strict", () => {
