@@ -1038,18 +1038,18 @@ class Router:
 
     def _op_signal(self, session: Session, req: wire.Request) -> Any:
         subject = validate(_str(req, "subject"))
-        signal_ = Signal.from_wire(req.get("signal"))
+        signal_ = Signal.checked_wire(req.get("signal"))
         sender = req.get("from")
         who = session.who
         if sender is None and not (who and who.unrestricted):
             raise SenderNotAllowed("a signal from a restricted identity must name its 'from'")
-        if signal_.type in ROUTER_SIGNALS and not (who and who.admin):
-            raise NotAuthorized(f"{signal_.type} signals come from the broker only")
+        if signal_["type"] in ROUTER_SIGNALS and not (who and who.admin):
+            raise NotAuthorized(f"{signal_['type']} signals come from the broker only")
         if sender is not None:
             decision = self.rules.decide(self._sender(session, _str(req, "from")), subject)
             if not decision.allowed:
                 raise AccessDenied(f"signals from {sender} to {subject} are denied by a rule")
-        self._signals_out.add(subject, signal_.to_wire())
+        self._signals_out.add(subject, signal_)
         return {}
 
     def _op_dead_letters(self, session: Session, req: wire.Request) -> Any:

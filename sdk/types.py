@@ -417,14 +417,33 @@ class Signal:
 
     @classmethod
     def from_wire(cls, d: object, *, path: str = "signal") -> Self:
-        d = _mapping(d, path)
-        return cls(
-            type=_enum(d, "type", SignalType, path),
-            state=_field(d, "state", str, path),
-            endpoint_subject=_subject(d, "endpointSubject", path),
-            timestamp=_field(d, "timestamp", int, path, minimum=0),
-            data=_field(d, "data", dict, path, default=None),
-        )
+        return cls(*_signal_fields(d, path))
+
+    @staticmethod
+    def checked_wire(d: object, *, path: str = "signal") -> dict[str, Any]:
+        """``Signal.from_wire(d).to_wire()`` without building the Signal: what the router
+        forwards, checked as `from_wire` checks it and with no field it does not know."""
+        kind, state, endpoint_subject, timestamp, data = _signal_fields(d, path)
+        wire = {
+            "type": kind.value,
+            "state": state,
+            "endpointSubject": endpoint_subject,
+            "timestamp": timestamp,
+        }
+        if data is not None:
+            wire["data"] = data
+        return wire
+
+
+def _signal_fields(d: object, path: str) -> tuple[SignalType, str, str, int, dict | None]:
+    d = _mapping(d, path)
+    return (
+        _enum(d, "type", SignalType, path),
+        _field(d, "state", str, path),
+        _subject(d, "endpointSubject", path),
+        _field(d, "timestamp", int, path, minimum=0),
+        _field(d, "data", dict, path, default=None),
+    )
 
 
 # --- Access rules ----------------------------------------------------------------------------

@@ -588,3 +588,13 @@ def test_a_signal_message_is_one_signal_or_a_run_of_them():
     ):
         with pytest.raises(MalformedFrame):
             wire.decode_signals(broken)
+
+
+def test_checked_wire_is_from_wire_then_to_wire_without_the_object():
+    good = {"type": "typing", "state": "on", "endpointSubject": "a.b", "timestamp": 5}
+    for d in (good, {**good, "data": {"n": 1}}, {**good, "data": None}):
+        assert Signal.checked_wire(d) == Signal.from_wire(d).to_wire()
+    assert "extra" not in Signal.checked_wire({**good, "extra": 1})
+    for bad in ({**good, "type": "shouting"}, {**good, "timestamp": -1}, "not a map"):
+        with pytest.raises(InvalidMessage):
+            Signal.checked_wire(bad)
