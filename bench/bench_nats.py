@@ -13,8 +13,9 @@ has one file-storage stream over ``bench.>``; nats-py (asyncio) measures:
   with 100 requests in flight and with ``signal(wait=False)``.
 
 Relay: ``bench.bench_broker.RelayBroker`` with 2 shards, durable publish with 1 and 100
-in flight, signals to ``on_signal`` (both ways above). Every figure is the median of ``rounds`` rounds with
-all contenders once per round (Relay, JetStream sync-always, JetStream default, ...).
+in flight, signals to ``on_signal`` (both ways above). Every figure is the median of
+``rounds`` rounds with all contenders once per round (Relay, JetStream sync-always,
+JetStream default, ...).
 The payload published to JetStream is the message file Relay writes for the same publish.
 """
 

@@ -497,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("router", cmd_router, "run the router process", client=False)
     p.add_argument("--shards", type=int, default=DEFAULT_SHARDS)
     p.add_argument("--address", help="client socket, e.g. tcp://127.0.0.1:7400")
-    p.add_argument("--signals-address", help="signal PUB socket, e.g. tcp://127.0.0.1:7401")
+    p.add_argument("--signals-address", help="signals (XPUB) socket, e.g. tcp://127.0.0.1:7401")
     p = command("writer", cmd_writer, "run the writer of one shard", client=False)
     p.add_argument("--shard", type=int, required=True)
     p.add_argument("--shards", type=int, default=DEFAULT_SHARDS)

@@ -1,7 +1,7 @@
 """The router process: decides where every message goes; the writers do the I/O.
 
 Sockets (docs/architecture.md has the map): a ROUTER for clients (requests, replies,
-pushed messages), a PUB for signals, one PUSH per shard writer, one PULL for the
+pushed messages), an XPUB for signals, one PUSH per shard writer, one PULL for the
 writers' results. One thread, one poll loop; every wait has a deadline.
 
 A publish is answered only when every writer involved has reported its copy durable
@@ -459,6 +459,7 @@ class Router:
             "shards": self.shards,
             "limits": dict(self.config["limits"]),
             "batch": wire.MAX_BATCH,  # requests per frame this broker accepts
+            "signalRuns": True,  # subscribe to "+" topics for runs of signals
         }
 
     def _op_ping(self, session: Session, req: wire.Request) -> Any:

@@ -43,13 +43,15 @@ class SignalOutbox:
         """An XPUB subscription message: 1 (subscribe) or 0 (unsubscribe), then the
         topic. XPUB reports a topic when its first subscriber comes and its last goes,
         including subscribers that disconnect."""
-        if not message or message[1:].startswith(wire.SIGNAL_RUN):
+        if not message or message[0] not in (0, 1) or message[1:].startswith(wire.SIGNAL_RUN):
             return
+        topic, before = message[1:], len(self._single_topics)
         if message[0] == 1:
-            self._single_topics.add(message[1:])
-        elif message[0] == 0:
-            self._single_topics.discard(message[1:])
-        self._wants_single.clear()
+            self._single_topics.add(topic)
+        else:
+            self._single_topics.discard(topic)
+        if len(self._single_topics) != before:
+            self._wants_single.clear()
 
     def flush(self, pub: zmq.Socket) -> None:
         """Send what gathered. A socket error costs these signals only (they are

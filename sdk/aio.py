@@ -161,7 +161,8 @@ class AsyncClient:
         self, subject: str, signal: Signal, *, sender: str | None = None, wait: bool = True
     ) -> None:
         """As `Client.signal`; with ``wait=False`` it returns without a round trip, and
-        waits (off the event loop) only while the client's buffer of them is full."""
+        waits off the event loop while the client's buffer of them is full (queueing
+        itself may block the loop briefly, as `publish_async` may)."""
         if not wait:
             try:  # queued for the I/O thread: no need to leave the loop ...
                 self.sync._signal_quietly(signal_fields(subject, signal, sender), timeout=0)

@@ -531,17 +531,17 @@ class Client:
     def _signal_quietly(self, fields: dict[str, Any], timeout: float | None) -> None:
         """Queue a signal sent without a reply; `Full` when no room came in ``timeout``."""
         body = wire.encode_request("signal", 0, reply=False, **fields)[1]
-        segment = self._quiet.put(body, self._requests_sent, timeout)
-        if segment is None:
-            return  # the marker of its segment is on its way already
-        try:
-            with self._lock:  # close() takes it too: no send on a closed socket
-                if self._closed:
-                    raise Unavailable("client is closed")
+        self._quiet.wait_for_room(timeout)  # not under the lock: the I/O thread frees room
+        with self._lock:  # as requests are sent: one order for signals and requests
+            if self._closed:
+                raise Unavailable("client is closed")
+            if not self._quiet.add(body, self._requests_sent):
+                return  # the marker of its segment is on its way already
+            try:
                 self._outbox.send(b"Q")
-        except BaseException:
-            self._quiet.withdraw(segment)  # no marker would ever take it
-            raise
+            except BaseException:
+                self._quiet.withdraw_last()  # no marker would ever take it
+                raise
 
     def on_signal(self, pattern: str, handler: SignalHandler) -> Callable[[], None]:
         """Call handler(subject, signal) for each signal whose subject matches pattern."""
@@ -555,8 +555,10 @@ class Client:
                 )
                 self._signals_thread.start()
             self._signal_handlers[key] = (pattern, handler)
-            # Runs of signals (one message for many): docs/protocol.md, "signal".
-            self._outbox.send(b"S" + wire.SIGNAL_RUN + subjects.literal_prefix(pattern).encode())
+            # Runs of signals (one message for many) from a broker that offers them:
+            # docs/protocol.md, "signal".
+            runs = wire.SIGNAL_RUN if self.server.get("signalRuns") is True else b""
+            self._outbox.send(b"S" + runs + subjects.literal_prefix(pattern).encode())
         return lambda: self._signal_handlers.pop(key, None) and None
 
     def _signal_loop(self) -> None:
@@ -569,11 +571,14 @@ class Client:
                 self._dispatch_signal(frames)
 
     def _dispatch_signal(self, frames: list[bytes]) -> None:
-        """One PUB message: a subject and the signals sent on it, in order."""
+        """One message of the signals socket: a subject and the signals sent on it."""
         try:
             subject, bodies = wire.decode_signals(frames)
         except RelayError:
             log.warning("malformed signal message dropped")
+            return
+        if not subjects.is_valid(subject):
+            log.warning("signal message on an invalid subject %.60r dropped", subject)
             return
         handlers = self._signal_handlers
         matched = [(k, h) for k, (p, h) in list(handlers.items()) if subjects.matches(subject, p)]

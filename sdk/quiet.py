@@ -1,15 +1,18 @@
 """Signals sent with ``wait=False`` on their way from callers to the client's I/O thread.
 
 A burst costs the I/O thread one wake-up, not one per signal: the signal that opens a
-*segment* has its caller put one marker on the I/O thread's queue, the signals after it
-join the segment, and the marker takes the whole segment. A request sent in between
-closes the segment (the caller passes the count of requests sent so far), so a signal
-never overtakes a request that its thread sent before it.
+*segment* comes with one marker on the I/O thread's queue, the signals after it join the
+segment, and the marker takes the whole segment. A request sent in between closes the
+segment (the caller passes the count of requests sent so far), so a signal never
+overtakes a request sent before it, nor a request one sent after it.
 
-The buffer is bounded: when it holds ``limit`` signals, a caller waits for the I/O
-thread to take some, as a socket send waits for room. The I/O thread takes only this
-queue's own lock, never the client's: a caller blocked on a full socket while holding
-the client's lock must not be able to stop the thread that empties that socket.
+That order holds because the client adds a signal, and sends its segment's marker, under
+the same lock as it sends requests: markers leave in the order their segments opened,
+one per segment. The buffer is bounded: when it holds ``limit`` signals a caller waits,
+before it takes that lock, for the I/O thread to take some, as a socket send waits for
+room. The I/O thread takes only this queue's own lock, never the client's: a caller
+blocked on a full socket while holding the client's lock must not be able to stop the
+thread that empties that socket.
 """
 
 from __future__ import annotations
@@ -32,23 +35,25 @@ class QuietSignals:
         self._closed = False
         self._changed = threading.Condition()
 
-    def put(self, body: bytes, requests_sent: int, timeout: float | None) -> list[bytes] | None:
-        """Queue ``body``. Returns the segment it opened, for which the caller must send
-        one marker, or None when it joined a segment whose marker is on its way. Raises
-        `Full` when no room came within ``timeout`` (0: do not wait), `Unavailable`
-        once closed."""
+    def wait_for_room(self, timeout: float | None) -> None:
+        """Return when there is room; `Full` if none came within ``timeout`` (0: do not
+        wait), `Unavailable` once closed."""
         with self._changed:
             if not self._changed.wait_for(self._has_room, timeout):
                 raise Full(f"{self.limit} signals are waiting to leave")
             if self._closed:
                 raise Unavailable("client is closed")
+
+    def add(self, body: bytes, requests_sent: int) -> bool:
+        """Queue ``body`` (the caller holds the client's lock); True when it opened a
+        segment, whose marker the caller must now send."""
+        with self._changed:
             self._count += 1
             if self._segments and self._segments[-1][0] == requests_sent:
                 self._segments[-1][1].append(body)
-                return None
-            segment = [body]
-            self._segments.append((requests_sent, segment))
-            return segment
+                return False
+            self._segments.append((requests_sent, [body]))
+            return True
 
     def take(self) -> list[bytes]:
         """The oldest segment (the I/O thread, for one marker)."""
@@ -60,15 +65,13 @@ class QuietSignals:
             self._changed.notify_all()
             return bodies
 
-    def withdraw(self, segment: list[bytes]) -> None:
-        """Drop a segment whose marker could not be sent: no marker would take it."""
+    def withdraw_last(self) -> None:
+        """Drop the segment just opened, whose marker could not be sent (the caller still
+        holds the client's lock, so nothing joined it)."""
         with self._changed:
-            for entry in self._segments:
-                if entry[1] is segment:
-                    self._segments.remove(entry)
-                    self._count -= len(segment)
-                    self._changed.notify_all()
-                    return
+            _, bodies = self._segments.pop()
+            self._count -= len(bodies)
+            self._changed.notify_all()
 
     def close(self) -> None:
         with self._changed:

@@ -246,6 +246,35 @@ def test_a_signal_without_reply_never_overtakes_a_request_sent_before_it(broker)
     assert states == ["1", "2", "3"]
 
 
+def test_signals_and_requests_of_one_thread_keep_their_order_while_other_threads_send(broker):
+    client, receiver = broker.client(timeout=30), broker.client()
+    states = _progress_seen(receiver)
+    stop = threading.Event()
+
+    def noise() -> None:  # other threads opening and closing segments all along
+        while not stop.is_set():
+            client.signal(A, Signal(SignalType.TYPING, "x", A, 0), wait=False)
+            client.request("ping")
+
+    others = [threading.Thread(target=noise) for _ in range(2)]
+    for thread in others:
+        thread.start()
+    try:
+        requests = []
+        for n in range(300):  # quiet, request, quiet, request ...: both directions
+            client.signal(A, Signal(SignalType.PROGRESS, f"q{n}", A, 0), wait=False)
+            waited = Signal(SignalType.PROGRESS, f"r{n}", A, 0).to_wire()
+            requests.append(client.request("signal", subject=A, signal=waited))
+    finally:
+        stop.set()
+        for thread in others:
+            thread.join(10)
+    for request in requests:
+        request.result(30)
+    wait_for(lambda: len(states) >= 600, what="every progress signal")
+    assert states == [f"{kind}{n}" for n in range(300) for kind in "qr"]
+
+
 def test_signals_without_reply_leave_while_a_caller_holds_the_clients_lock(broker):
     # A caller blocked on a full queue to the I/O thread holds the client's lock; the
     # I/O thread must empty that queue without taking the lock, or both wait forever.
@@ -324,3 +353,21 @@ def test_a_version_1_subscriber_gets_each_signal_as_its_own_message(broker):
         assert [maps[0]["state"] for _, maps in got] == [str(n) for n in range(20)]
     finally:
         sub.close()
+
+
+def test_a_client_of_a_router_without_runs_subscribes_to_single_signals(broker):
+    client = broker.client()
+    client.server = {**client.server, "signalRuns": False}  # as a version 1 router says
+    topics: list[bytes] = []
+    dispatch = client._dispatch_signal
+
+    def noting_topics(frames: list[bytes]) -> None:
+        topics.append(bytes(frames[0]))
+        dispatch(frames)
+
+    client._dispatch_signal = noting_topics
+    states = _progress_seen(client)
+    _send_progress_batch(broker, 20)  # one pass: one run, and the singles it asked for
+    wait_for(lambda: len(states) >= 20, what="the signals, one per message")
+    assert states == [str(n) for n in range(20)]
+    assert not [t for t in topics if t.startswith(wire.SIGNAL_RUN)]

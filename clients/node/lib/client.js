@@ -436,7 +436,9 @@ class Client {
       this._signalLoop(this._signals);
     }
     const key = ++this._signalKeys;
-    const prefix = wire.SIGNAL_RUN + subjects.literalPrefix(pattern); // runs: one message, many signals
+    // Runs of signals (one message for many) from a broker that offers them.
+    const runs = this.server.signalRuns === true ? wire.SIGNAL_RUN : "";
+    const prefix = runs + subjects.literalPrefix(pattern);
     this._signals.handlers.set(key, { pattern, prefix, handler });
     this._signals.socket.subscribe(prefix);
     return () => {
