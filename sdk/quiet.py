@@ -38,6 +38,8 @@ class QuietSignals:
     def wait_for_room(self, timeout: float | None) -> None:
         """Return when there is room; `Full` if none came within ``timeout`` (0: do not
         wait), `Unavailable` once closed."""
+        if self._count < self.limit and not self._closed:
+            return  # the common case, without the lock (the limit is not exact anyway)
         with self._changed:
             if not self._changed.wait_for(self._has_room, timeout):
                 raise Full(f"{self.limit} signals are waiting to leave")
