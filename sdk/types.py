@@ -38,7 +38,7 @@ from typing import Any, Self
 
 from sdk.errors import InvalidMessage, InvalidSubject
 from sdk.ids import check_id
-from sdk.subjects import validate
+from sdk.subjects import is_valid, validate
 
 DEFAULT_MAX_HOPS = 5
 DEFAULT_TTL_MS = 3_600_000
@@ -394,6 +394,9 @@ class SignalType(StrEnum):
     BACKPRESSURE = "backpressure"
 
 
+_SIGNAL_TYPES: dict[object, SignalType] = {t.value: t for t in SignalType}
+
+
 @dataclass(frozen=True, slots=True)
 class Signal:
     """Ephemeral state ("typing", "backpressure: warning"); never written to disk."""
@@ -436,7 +439,21 @@ class Signal:
 
 
 def _signal_fields(d: object, path: str) -> tuple[SignalType, str, str, int, dict | None]:
-    d = _mapping(d, path)
+    if type(d) is dict:  # the common, valid case in one pass: signals come in bursts
+        kind = _SIGNAL_TYPES.get(d.get("type")) if type(d.get("type")) is str else None
+        state, subject = d.get("state"), d.get("endpointSubject")
+        timestamp, data = d.get("timestamp"), d.get("data")
+        if (
+            kind is not None
+            and type(state) is str
+            and type(timestamp) is int
+            and timestamp >= 0
+            and (data is None or type(data) is dict)
+            and type(subject) is str
+            and is_valid(subject)
+        ):
+            return kind, state, subject, timestamp, data
+    d = _mapping(d, path)  # the checks one by one, naming what is wrong
     return (
         _enum(d, "type", SignalType, path),
         _field(d, "state", str, path),

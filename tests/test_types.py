@@ -598,3 +598,26 @@ def test_checked_wire_is_from_wire_then_to_wire_without_the_object():
     for bad in ({**good, "type": "shouting"}, {**good, "timestamp": -1}, "not a map"):
         with pytest.raises(InvalidMessage):
             Signal.checked_wire(bad)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"type": ["typing"]},  # unhashable: must not break the lookup
+        {"type": "shouting"},
+        {"state": 1},
+        {"timestamp": True},
+        {"timestamp": -1},
+        {"timestamp": 1.5},
+        {"data": [1]},
+        {"endpointSubject": "a..b"},
+        {"endpointSubject": "a.*"},
+    ],
+)
+def test_a_signal_map_one_field_off_is_refused_with_the_same_error_either_way(change):
+    good = {"type": "typing", "state": "on", "endpointSubject": "a.b", "timestamp": 5}
+    with pytest.raises((InvalidMessage, InvalidSubject)) as from_wire:
+        Signal.from_wire({**good, **change})
+    with pytest.raises(type(from_wire.value)) as checked:
+        Signal.checked_wire({**good, **change})
+    assert checked.value.message == from_wire.value.message
