@@ -211,7 +211,7 @@ def test_a_burst_of_signals_sent_without_waiting_arrives_whole_and_in_order(brok
         lambda subject, sig: sig.type == SignalType.PROGRESS and got.append((subject, sig.data)),
     )
     signals_flowing(client, A)
-    # Runs of five on each subject in turn: each run may leave as one PUB message, and
+    # Runs of five on each subject in turn: each run may leave as one message, and
     # a wildcard subscriber must still see the order they were sent in.
     sent = [(A if n // 5 % 2 else B, {"n": n}) for n in range(1500)]
     for subject, data in sent:
