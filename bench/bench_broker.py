@@ -143,6 +143,15 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _syncfs_at(path: str) -> None:
+    """Flush the whole filesystem that holds ``path`` (one syncfs for a batch)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        syncfs(fd)
+    finally:
+        os.close(fd)
+
+
 def endpoint_hash(subject: str) -> str:
     return hashlib.sha256(subject.encode()).hexdigest()[:12]
 
@@ -209,11 +218,7 @@ class RawDisk:
                 fd = os.open(f"{tmp}/{n}", _OPEN_NEW, 0o600)
                 os.write(fd, self.data[n])
                 os.close(fd)
-            fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                syncfs(fd)
-            finally:
-                os.close(fd)
+            _syncfs_at(tmp)
             for n in batch:
                 os.rename(f"{tmp}/{n}", f"{new}/{n}")
             _fsync_dir(new)
@@ -433,11 +438,11 @@ def _pipe_writer(writer: int, to_writer: str, from_writers: str, directory: str)
         acked, touched = [], set()
         for _, kind, body in batch:
             if kind == b"ack":
-                name = body.split(b"|", 1)[1].decode()  # "<dir number>/<n>"
-                where, k = name.split("/")
-                os.rename(f"{dirs[int(where)]}/cur/{k}", f"{dirs[int(where)]}/cur/{k}:2,S")
+                where, k = body.split(b"|", 1)[1].decode().split("/")  # "<dir number>/<n>"
+                cur = f"{dirs[int(where)]}/cur"
+                os.rename(f"{cur}/{k}", f"{cur}/{k}:2,S")
                 acked.append(int(k))
-                touched.add(f"{dirs[int(where)]}/cur")
+                touched.add(cur)
         stores = [(kind, body) for _, kind, body in batch if kind != b"ack"]
         files = []
         for kind, body in stores:
@@ -451,16 +456,12 @@ def _pipe_writer(writer: int, to_writer: str, from_writers: str, directory: str)
             os.close(fd)
             n += 1
         if len(stores) > 1:
-            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-            syncfs(fd)
-            os.close(fd)
+            _syncfs_at(directory)
         for where, sub, k, _ in files:
             os.rename(f"{dirs[where]}/tmp/{k}", f"{dirs[where]}/{sub}/{k}")
             touched.add(f"{dirs[where]}/{sub}")
         if len(touched) > 2:
-            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-            syncfs(fd)
-            os.close(fd)
+            _syncfs_at(directory)
         else:
             for path in sorted(touched):
                 _fsync_dir(path)

@@ -369,9 +369,9 @@ class Router:
         return len(requests)
 
     def _handle(self, session: Session, request: wire.Request) -> None:
-        if request.op == "signal" and request.get("reply") is False:
-            self._handle_quietly(session, request)
-            return
+        # A signal sent with "reply": false gets no answer, not even an error: a refusal
+        # is only logged (docs/protocol.md, "signal").
+        quiet = request.op == "signal" and request.get("reply") is False
         handler = self._ops.get(request.op)
         try:
             if handler is None:
@@ -382,25 +382,18 @@ class Router:
                 raise NotAuthorized(f"{request.op!r} needs operator rights; {name} has none")
             result = handler(self, session, request)
         except RelayError as exc:
-            self._reply_error(session.identity, request.rid, exc)
-            return
+            error = exc
         except Exception as exc:  # a bug here must cost one reply, not the router
             log.exception("operation %s failed", request.op)
             error = RelayError(f"internal error: {exc}")
-            self._reply_error(session.identity, request.rid, error)
+        else:
+            if result is not _DEFERRED and not quiet:
+                self._reply(session.identity, wire.ok_body(request.rid, result))
             return
-        if result is not _DEFERRED:
-            self._reply(session.identity, wire.ok_body(request.rid, result))
-
-    def _handle_quietly(self, session: Session, request: wire.Request) -> None:
-        """A signal sent without a reply (``"reply": false``): fire and forget, so a
-        refusal is only logged. The checks are the same as for any signal."""
-        try:
-            self._op_signal(session, request)
-        except RelayError as exc:
-            log.debug("signal without reply refused: %s %s", exc.code, exc.message)
-        except Exception:
-            log.exception("signal without reply failed")
+        if quiet:
+            log.debug("%s without reply refused: %s %s", request.op, error.code, error.message)
+        else:
+            self._reply_error(session.identity, request.rid, error)
 
     def _reply(self, identity: bytes, body: bytes) -> None:
         """Replies to a client that asked for batches wait for the end of this loop
@@ -593,7 +586,7 @@ class Router:
         claimed, a message costs one group commit before its consumer has it, not two
         (a store, then a claim)."""
         endpoint = copy.endpoint
-        queue = self.queues.setdefault(endpoint, EndpointQueue())
+        queue = self._queue(endpoint)
         info = self.by_hash.get(endpoint)
         if info is not None and not (queue.depth or queue.storing or queue.requeuing):
             sub = self.consumers.pick_consumer(info.subject)
@@ -603,6 +596,14 @@ class Router:
                 return proto.TARGET_CUR
         queue.storing.add(message_id)
         return proto.TARGET_NEW
+
+    def _queue(self, endpoint: str) -> EndpointQueue:
+        """The endpoint's queue, made on first use (without building one to throw away
+        on every call, as setdefault would: this is on the publish path)."""
+        queue = self.queues.get(endpoint)
+        if queue is None:
+            queue = self.queues[endpoint] = EndpointQueue()
+        return queue
 
     def _settle_copy(self, message_id: str, endpoint: str) -> int | None:
         """A copy's store was answered or given up on: it no longer holds back its
@@ -1421,7 +1422,7 @@ class Router:
 
     def _on_new_message(self, message_id: str, endpoint: str, data: bytes | None) -> None:
         """A message is durable in new/: show it to observers, hand it to a consumer."""
-        self.queues.setdefault(endpoint, EndpointQueue()).waiting.append(message_id)
+        self._queue(endpoint).waiting.append(message_id)
         if data is not None:
             self._show_observers(message_id, endpoint, data)
         self._dispatch(endpoint)
@@ -1496,13 +1497,13 @@ class Router:
             proto.op(token, "requeue", id=message_id, endpoint=endpoint),
         ):
             self._put_backs[token] = (message_id, endpoint)
-            self.queues.setdefault(endpoint, EndpointQueue()).requeuing.add(message_id)
+            self._queue(endpoint).requeuing.add(message_id)
 
     def _on_reply(self, token: int, ok: bool, result: Any) -> None:
         put_back = self._put_backs.pop(token, None)
         if put_back is not None:
             message_id, endpoint = put_back
-            queue = self.queues.setdefault(endpoint, EndpointQueue())
+            queue = self._queue(endpoint)
             queue.requeuing.discard(message_id)
             if ok:
                 queue.waiting.appendleft(message_id)  # first in line again

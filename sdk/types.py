@@ -394,9 +394,6 @@ class SignalType(StrEnum):
     BACKPRESSURE = "backpressure"
 
 
-_SIGNAL_TYPES: dict[object, SignalType] = {t.value: t for t in SignalType}
-
-
 @dataclass(frozen=True, slots=True)
 class Signal:
     """Ephemeral state ("typing", "backpressure: warning"); never written to disk."""
@@ -408,15 +405,7 @@ class Signal:
     data: dict[str, Any] | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        wire = {
-            "type": str(self.type),
-            "state": self.state,
-            "endpointSubject": self.endpoint_subject,
-            "timestamp": self.timestamp,
-        }
-        if self.data is not None:
-            wire["data"] = self.data
-        return wire
+        return _signal_wire(self.type, self.state, self.endpoint_subject, self.timestamp, self.data)
 
     @classmethod
     def from_wire(cls, d: object, *, path: str = "signal") -> Self:
@@ -426,21 +415,27 @@ class Signal:
     def checked_wire(d: object, *, path: str = "signal") -> dict[str, Any]:
         """``Signal.from_wire(d).to_wire()`` without building the Signal: what the router
         forwards, checked as `from_wire` checks it and with no field it does not know."""
-        kind, state, endpoint_subject, timestamp, data = _signal_fields(d, path)
-        wire = {
-            "type": kind.value,
-            "state": state,
-            "endpointSubject": endpoint_subject,
-            "timestamp": timestamp,
-        }
-        if data is not None:
-            wire["data"] = data
-        return wire
+        return _signal_wire(*_signal_fields(d, path))
+
+
+def _signal_wire(
+    kind: SignalType, state: str, endpoint_subject: str, timestamp: int, data: dict | None
+) -> dict[str, Any]:
+    wire = {
+        "type": str(kind),  # a SignalType, or the plain str a caller built a Signal with
+        "state": state,
+        "endpointSubject": endpoint_subject,
+        "timestamp": timestamp,
+    }
+    if data is not None:
+        wire["data"] = data
+    return wire
 
 
 def _signal_fields(d: object, path: str) -> tuple[SignalType, str, str, int, dict | None]:
     if type(d) is dict:  # the common, valid case in one pass: signals come in bursts
-        kind = _SIGNAL_TYPES.get(d.get("type")) if type(d.get("type")) is str else None
+        name = d.get("type")
+        kind = SignalType._value2member_map_.get(name) if type(name) is str else None
         state, subject = d.get("state"), d.get("endpointSubject")
         timestamp, data = d.get("timestamp"), d.get("data")
         if (

@@ -322,25 +322,20 @@ def test_a_signal_without_reply_waits_for_room_off_the_event_loop(broker, monkey
             release = park_io_thread(client.sync)  # nothing leaves the buffer meanwhile
             signal_ = Signal(SignalType.PROGRESS, "on", A, 0)
             await client.signal(A, signal_, wait=False)
-            ticks = 0
+            loop_ran = asyncio.Event()
 
-            async def tick() -> None:
-                nonlocal ticks
-                while True:
-                    ticks += 1
+            async def tick() -> None:  # runs only while nothing blocks the loop
+                for _ in range(20):
                     await asyncio.sleep(0.001)
+                loop_ran.set()
 
-            ticker = asyncio.create_task(tick())
+            # Tasks start in order: the signal finds the buffer full before the ticker runs.
             waiting = asyncio.create_task(client.signal(A, signal_, wait=False))
-            before = ticks
-            await eventually(lambda: _true_after(ticks > before + 20), what="the loop to run")
+            ticker = asyncio.create_task(tick())
+            await asyncio.wait_for(loop_ran.wait(), 10)
             assert not waiting.done()  # it waits for room, and the loop goes on meanwhile
             release.set()
             await asyncio.wait_for(waiting, 10)
-            ticker.cancel()
+            await ticker
 
     asyncio.run(main())
-
-
-async def _true_after(value: bool) -> bool:
-    return value

@@ -819,7 +819,7 @@ def deliver_batch(
             raise ValueError(f"target must be 'new', 'cur' or 'failed', got {target!r}")
 
     for i, (mailbox, message_id, data, target) in enumerate(items):
-        target_dir = getattr(mailbox, f"{target}_dir")
+        target_dir = mailbox.dir_of(target)
         if not is_id(message_id):  # never a path: it becomes one
             results[i] = InvalidMessage(f"message id {message_id!r:.40} is not a ULID")
             continue
