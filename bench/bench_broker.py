@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import multiprocessing
 import os
 import statistics
@@ -51,6 +52,8 @@ import zmq
 
 from bench.bench_storage import fs_type
 from bench.common import Row, rate, remove_when_done, rss_mib, stop_broker
+from broker.control import DEFAULT_CONFIG
+from sdk.client import ACK_DELAY_S
 from sdk.types import Signal, SignalType
 from workers.syncfs import syncfs
 
@@ -76,6 +79,8 @@ SIGNAL_SYNC_N = 2000  # client.signal() in a loop
 OFFERED_RATE = 1000  # msg/s, for the handler latency
 OFFERED_SECONDS = 3.0
 WARMUP = 200
+# (e)'s consumer answers as the SDK's does with the default credit (sdk.client).
+ACKS_TOGETHER = max(1, DEFAULT_CONFIG["limits"]["defaultCredit"] // 4)
 
 _OPEN_NEW = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC
 _TOPIC = b"relay.signal.bench"
@@ -562,17 +567,30 @@ class RawPipeline:
     def handler(self) -> dict[str, float]:
         """Publish at OFFERED_RATE; a thread receiving for the consumer notes each
         arrival and acknowledges it (the writer renames it done, durably), as Relay's
-        consumer acks every message it handled."""
+        consumer acks every message it handled: within ACK_DELAY_S, up to a quarter of
+        the default credit together, as the SDK does."""
         count = int(OFFERED_RATE * OFFERED_SECONDS)
         latencies: list[float] = []
 
         acked = [0]
 
         def consume() -> None:
+            unsent: list[bytes] = []
+            deadline = 0.0
+
+            def answer() -> None:
+                for name in unsent:
+                    self.consumer.send_multipart([b"ack", name])
+                unsent.clear()
+
             # Until every ack is answered too: none is left to the next row's disk time.
             while len(latencies) < count or acked[0] < count:
-                if not self.consumer.poll(30_000):
-                    return
+                wait_ms = math.ceil((deadline - time.monotonic()) * 1000) if unsent else 30_000
+                if not self.consumer.poll(max(0, wait_ms)):
+                    if not unsent:
+                        return
+                    answer()
+                    continue
                 frames = self.consumer.recv_multipart()  # one or more (kind, body) pairs
                 now = time.monotonic_ns()
                 for kind, body in zip(frames[0::2], frames[1::2], strict=True):
@@ -581,7 +599,11 @@ class RawPipeline:
                         continue
                     writer, name, message = body.split(b"|", 2)
                     latencies.append((now - int(message[:20])) / 1000)
-                    self.consumer.send_multipart([b"ack", writer + b"|" + name])
+                    if not unsent:
+                        deadline = time.monotonic() + ACK_DELAY_S
+                    unsent.append(writer + b"|" + name)
+                if len(unsent) >= ACKS_TOGETHER:
+                    answer()
 
         receiver = threading.Thread(target=consume)
         receiver.start()

@@ -943,7 +943,7 @@ class Router:
         sub = self.consumers.subscribe(session.identity, pattern, mode, credit, now_ms())
         if mode == cons.CONSUME:
             # The reply goes out first, then the backlog (pushes follow in order).
-            self._reply(session.identity, wire.ok_body(req.rid, {"sub": sub.id}))
+            self._reply(session.identity, wire.ok_body(req.rid, {"sub": sub.id, "credit": credit}))
             for endpoint in sorted(self._endpoints_matching(pattern)):
                 self._dispatch(endpoint)
             return _DEFERRED

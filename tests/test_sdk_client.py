@@ -13,10 +13,12 @@ import threading
 import pytest
 
 from sdk import wire
-from sdk.client import connect
+from sdk.client import Delivery, _SubscriptionWorker, connect
 from sdk.errors import Unavailable
+from sdk.ids import new_id
 from sdk.types import Envelope, Signal, SignalType, StandardPayload
 from tests.harness import wait_for
+from tests.test_types import make_envelope
 
 pytestmark = pytest.mark.integration
 
@@ -44,8 +46,10 @@ def test_context_manager_closes_cleanly_and_a_closed_client_is_unavailable(broke
     with connect(broker.home.root) as client:
         client.subscribe(A, lambda envelope: None)
         client.on_signal(A, lambda subject, sig: None)
-        status = watcher.status()
-        assert status["clients"] == 2 and status["subscriptions"] == 1
+        # A session of the harness's readiness probe whose `bye` timed out (a loaded
+        # machine) may still count: it ends after 5 s of silence.
+        wait_for(lambda: watcher.status()["clients"] == 2, what="only these two sessions")
+        assert watcher.status()["subscriptions"] == 1
     # `bye` ended the session at once: no subscription waits for the 5 s silence
     status = watcher.status()
     assert status["clients"] == 1 and status["subscriptions"] == 0
@@ -199,3 +203,70 @@ def test_a_bad_item_in_a_run_of_signals_costs_only_itself(broker):
     run = wire.encode_signal_run(A, [wire.packb(good[0]), wire.packb(7), wire.packb(good[1])])
     client._dispatch_signal(run)  # as the signal thread does with a message that arrived
     assert seen == ["a", "b"]
+
+
+class _Recorder:
+    """Stands in for the Client a subscription worker answers through: records order."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def request(self, op: str, **fields) -> None:
+        self.events.append(f"{op} {fields['id']}")
+
+
+def _worker_after_burst(subscribe_result: dict, burst: int) -> list[str]:
+    """A worker whose queue already holds ``burst`` messages when it starts."""
+    recorder = _Recorder()
+    def handler(envelope: Envelope) -> None:
+        recorder.events.append(f"handled {envelope.payload}")
+
+    worker = _SubscriptionWorker(recorder, handler, "consume", {})
+    for n in range(burst):
+        envelope = make_envelope(id=new_id(), payload=f"m{n}")
+        worker.queue.put(Delivery(1, f"m{n}", "3f0c5bd2a1e4", envelope.to_json()))
+    worker.subscribed(subscribe_result)
+    worker.stop()
+    worker.thread.join(5)
+    assert not worker.thread.is_alive()
+    return recorder.events
+
+
+def test_answers_to_a_burst_leave_together_a_quarter_of_the_credit_at_a_time():
+    events = _worker_after_burst({"sub": 1, "credit": 16}, burst=6)
+    handled = [f"handled m{n}" for n in range(6)]
+    acks = [f"ack m{n}" for n in range(6)]
+    assert events == handled[:4] + acks[:4] + handled[4:] + acks[4:]
+
+
+@pytest.mark.parametrize("result", [{"sub": 1}, {"sub": 1, "credit": 3}])
+def test_without_room_to_wait_each_message_is_answered_at_once(result):
+    """An older router (no credit in the reply) or credit under 4: no answer waits."""
+    events = _worker_after_burst(result, burst=3)
+    assert events == [e for n in range(3) for e in (f"handled m{n}", f"ack m{n}")]
+
+
+def test_the_subscribe_reply_says_the_credit_granted(broker):
+    sock = broker.raw_dealer()
+    try:
+        for rid, fields, credit in ((1, {"credit": 7}, 7), (2, {}, 64)):
+            sock.send_multipart(wire.encode_request("subscribe", rid, pattern=A, **fields))
+            reply = wire.decode_incoming(sock.recv_multipart())
+            assert reply.ok and reply.result["credit"] == credit
+    finally:
+        sock.close(0)
+
+
+def test_close_sends_the_answers_of_messages_already_handled(broker):
+    """Answers wait a few ms to leave together; closing the client sends them first."""
+    watcher = broker.client()
+    watcher.register_endpoint(A)
+    handled = []
+    client = broker.client()
+    client.subscribe(A, lambda envelope: handled.append(envelope.id))
+    ids = [watcher.publish(A, n, sender=SENDER).message_id for n in range(5)]
+    wait_for(lambda: len(handled) == 5, what="five messages handled")
+    client.close()
+    # Unanswered, they would stay claimed by the ended session, listed as pending.
+    wait_for(lambda: watcher.pending(A) == [], what="the five acks")
+    assert sorted(handled) == sorted(ids)
