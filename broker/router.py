@@ -58,6 +58,7 @@ from sdk.errors import (
 )
 from sdk.ids import check_id, is_id, new_id
 from sdk.paths import UNROUTABLE, Home
+from sdk.sockets import NOBLOCK, send_parts
 from sdk.subjects import has_wildcards, validate
 from sdk.types import (
     AccessRule,
@@ -428,7 +429,7 @@ class Router:
         # Zero-copy only for pushes, whose file bytes may be a megabyte; small frames
         # are cheaper copied.
         try:
-            self.clients.send_multipart([identity, *frames], zmq.NOBLOCK, copy=copy)
+            send_parts(self.clients, [identity, *frames], NOBLOCK, copy)
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the client is gone; EAGAIN: not reading
             log.info("client %s unreachable (%s): session ended", identity.hex(), exc)
@@ -844,7 +845,7 @@ class Router:
 
     def _to_writer(self, shard: int, frames: list[bytes]) -> bool:
         try:
-            self.to_writers[shard].send_multipart(frames, zmq.NOBLOCK, copy=False)
+            send_parts(self.to_writers[shard], frames, NOBLOCK, False)
             return True
         except zmq.Again:
             return False

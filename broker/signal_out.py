@@ -19,6 +19,7 @@ from typing import Any
 import zmq
 
 from sdk import wire
+from sdk.sockets import send_parts
 
 log = logging.getLogger("relay.router")
 
@@ -60,12 +61,10 @@ class SignalOutbox:
         try:
             for subject, bodies in runs:
                 for part in wire.chunks([len(body) for body in bodies], self.limit):
-                    pub.send_multipart(
-                        wire.encode_signal_run(subject, bodies[part.start : part.stop])
-                    )
+                    send_parts(pub, wire.encode_signal_run(subject, bodies[part.start : part.stop]))
                 if self._single(subject):
                     for body in bodies:
-                        pub.send_multipart(wire.encode_signal(subject, body))
+                        send_parts(pub, wire.encode_signal(subject, body))
         except zmq.ZMQError as exc:
             log.error("signals dropped: the signals socket failed: %s", exc)
 

@@ -33,6 +33,7 @@ from sdk.curve import CurveKeys, client_keys
 from sdk.errors import InvalidMessage, NotAuthorized, RelayError, Timeout, Unavailable
 from sdk.paths import Home
 from sdk.quiet import Full, QuietSignals
+from sdk.sockets import NOBLOCK, send_parts
 from sdk.types import (
     AccessRule,
     Budget,
@@ -237,7 +238,7 @@ class Client:
                 sub.setsockopt(zmq.SUBSCRIBE, item[1:])
         for part, body in wire.frames(bodies, self._batch_limit):
             try:
-                dealer.send_multipart([wire.MAGIC, body], zmq.NOBLOCK)
+                send_parts(dealer, [wire.MAGIC, body], NOBLOCK)
             except zmq.ZMQError as exc:  # EAGAIN: the queue to an unreachable broker is full
                 error = f"broker at {self.address} unreachable: {exc}"
                 quiet = 0

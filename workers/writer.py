@@ -40,6 +40,7 @@ from sdk.errors import (
 )
 from sdk.ids import is_id
 from sdk.paths import UNROUTABLE, Home
+from sdk.sockets import send_parts
 from workers import ingest
 from workers import protocol as proto
 from workers.compaction import remove_finished
@@ -238,7 +239,7 @@ class Writer:
             outbox = [_failed_outbox(frames, exc) for frames in outbox]
             self._unclaim(stored_claimed)
         for frames in outbox:
-            self.results.send_multipart(frames, copy=False)
+            send_parts(self.results, frames, copy=False)
 
     def _deliver(
         self, deliveries: list[tuple[proto.DeliveryHeader, bytes]], changes: IndexChanges

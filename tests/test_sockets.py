@@ -1,0 +1,41 @@
+"""sdk.sockets.send_parts against real ZeroMQ sockets (inproc): pyzmq's semantics."""
+
+from __future__ import annotations
+
+import pytest
+import zmq
+
+from sdk.sockets import NOBLOCK, send_parts
+
+
+@pytest.fixture
+def pair():
+    ctx = zmq.Context()
+    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    push.sndhwm = 1
+    pull.rcvhwm = 1
+    push.bind("inproc://parts")
+    pull.connect("inproc://parts")
+    yield push, pull
+    ctx.destroy(0)
+
+
+@pytest.mark.parametrize("copy", [True, False])
+def test_the_parts_arrive_as_one_message_in_order(pair, copy):
+    push, pull = pair
+    big = bytes(range(256)) * 1024  # over the copy threshold: zero-copy when asked
+    send_parts(push, [b"id", b"", memoryview(b"body"), big], copy=copy)
+    assert pull.recv_multipart() == [b"id", b"", b"body", big]
+
+
+def test_a_full_queue_refuses_the_whole_message_without_blocking(pair):
+    push, pull = pair
+    sent = 0
+    with pytest.raises(zmq.Again):
+        for _ in range(100):  # the high-water marks hold a few messages at most
+            send_parts(push, [b"a", b"b"], NOBLOCK)
+            sent += 1
+    received = []
+    while pull.poll(100):
+        received.append(pull.recv_multipart())
+    assert received == [[b"a", b"b"]] * sent
