@@ -12,12 +12,15 @@ The policy comes from ``auth.json`` in the data directory::
     {
       "uids": {"1001": {"name": "agent-b", "senders": ["relay.agent.b.>"]}},
       "keys": {"<z85 public key>": {"name": "projA", "senders": ["relay.agent.projA.>"],
+                                    "consumes": ["relay.agent.projA.>", "relay.human.>"],
                                     "admin": false}}
     }
 
-The uid that owns the data directory (the owner) is always admitted, with every sender and
-operator rights, unless ``uids`` names it: it owns the data directory and could write
-any mail file directly, so refusing it would protect nothing. Every other uid and every
+``consumes`` (default: the ``senders`` patterns) bounds the endpoints whose messages an
+identity may receive: subscribe to (consume or observe), list as pending, read as dead
+letters. The uid that owns the data directory (the owner) is always admitted, with every
+right, unless ``uids`` names it: it owns the data directory and could read or write any
+mail file directly, so refusing it would protect nothing. Every other uid and every
 CURVE key must be listed. Without the file, that is single-user local use as before.
 """
 
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sdk.errors import InvalidConfig, RelayError
-from sdk.subjects import matches, validate
+from sdk.subjects import covers, matches, validate
 
 AUTH_FILE = "auth.json"
 Z85_KEY_LENGTH = 40  # a 32-byte CURVE key in Z85 text
@@ -39,15 +42,29 @@ class Identity:
     name: str
     senders: tuple[str, ...]  # subject patterns this identity may publish as
     admin: bool = False  # may change config and rules, purge, complete others' messages
+    # endpoint subject patterns whose messages it may receive; None: the senders'
+    consumes: tuple[str, ...] | None = None
 
     @property
     def unrestricted(self) -> bool:
         return ">" in self.senders
 
+    @property
+    def receives(self) -> tuple[str, ...]:
+        return self.senders if self.consumes is None else self.consumes
+
     def may_send_as(self, sender: str) -> bool:
         if self.unrestricted:  # the common case: no matching at all
             return True
         return any(matches(sender, pattern) for pattern in self.senders)
+
+    def may_consume(self, pattern: str) -> bool:
+        """Whether every endpoint ``pattern`` (a subject or a pattern) can match is one
+        whose messages this identity may receive."""
+        receives = self.receives
+        if ">" in receives:
+            return True
+        return any(covers(allowed, pattern) for allowed in receives)
 
 
 def owner_identity() -> Identity:
@@ -135,20 +152,26 @@ def _key(raw: str, path: str) -> str:
 
 def _identity(entry: Any, path: str) -> Identity:
     entry = _object(entry, path)
-    unknown = set(entry) - {"name", "senders", "admin"}
+    unknown = set(entry) - {"name", "senders", "consumes", "admin"}
     if unknown:
         raise InvalidConfig(f"{AUTH_FILE}: {path}: unknown field(s) {sorted(unknown)}")
     name = entry.get("name", path)
-    senders = entry.get("senders")
     admin = entry.get("admin", False)
     if not isinstance(name, str):
         raise InvalidConfig(f"{AUTH_FILE}: {path}.name must be a string")
-    if not isinstance(senders, list) or not all(isinstance(s, str) for s in senders):
-        raise InvalidConfig(f"{AUTH_FILE}: {path}.senders must be a list of subject patterns")
     if not isinstance(admin, bool):
         raise InvalidConfig(f"{AUTH_FILE}: {path}.admin must be true or false")
+    senders = _patterns(entry.get("senders"), f"{path}.senders")
+    consumes = entry.get("consumes")
+    if consumes is not None:
+        consumes = _patterns(consumes, f"{path}.consumes")
+    return Identity(name, senders, admin, consumes)
+
+
+def _patterns(value: Any, path: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise InvalidConfig(f"{AUTH_FILE}: {path} must be a list of subject patterns")
     try:
-        patterns = tuple(validate(s, wildcards=True) for s in senders)
+        return tuple(validate(s, wildcards=True) for s in value)
     except RelayError as exc:
-        raise InvalidConfig(f"{AUTH_FILE}: {path}.senders: {exc}") from None
-    return Identity(name, patterns, admin)
+        raise InvalidConfig(f"{AUTH_FILE}: {path}: {exc}") from None

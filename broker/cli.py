@@ -407,6 +407,8 @@ def cmd_auth(args: argparse.Namespace) -> int:
     data = json.loads(home.auth_file.read_text()) if home.auth_file.exists() else {}
     uids, keys = data.setdefault("uids", {}), data.setdefault("keys", {})
     entry = {"name": args.name, "senders": args.sender or [], "admin": args.admin}
+    if args.consume:
+        entry["consumes"] = args.consume
     if args.action in ("allow-uid", "add-key", "remove") and not args.target:
         print(f"relay auth {args.action}: which uid, key name or key?", file=sys.stderr)
         return 2
@@ -441,9 +443,12 @@ def cmd_auth(args: argparse.Namespace) -> int:
     if args.action != "list":
         AuthPolicy.from_json(data, home.owner_uid)  # refuse to write what the router would refuse
         _write_private(home.auth_file, json.dumps(data, indent=2) + "\n")
-    rows = [(f"uid {u}", v["name"], " ".join(v["senders"]), v["admin"]) for u, v in uids.items()]
-    rows += [(f"key {k}", v["name"], " ".join(v["senders"]), v["admin"]) for k, v in keys.items()]
-    print(_table(rows, ["who", "name", "may send as", "admin"]))
+    listed = [(f"uid {u}", v) for u, v in uids.items()] + [(f"key {k}", v) for k, v in keys.items()]
+    rows = []
+    for who, v in listed:
+        receives = v.get("consumes", v["senders"])
+        rows.append((who, v["name"], " ".join(v["senders"]), " ".join(receives), v["admin"]))
+    print(_table(rows, ["who", "name", "may send as", "may receive", "admin"]))
     print(f"(uid {home.owner_uid}, the broker's owner, is admitted with every right unless listed)")
     return 0
 
@@ -555,6 +560,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("target", nargs="?", help="a uid, a key name, or what to remove")
     p.add_argument("--sender", action="append", help="sender pattern it may use (repeat)")
+    p.add_argument(
+        "--consume",
+        action="append",
+        help="endpoint pattern whose messages it may receive (repeat; default: its senders)",
+    )
     p.add_argument("--admin", action="store_true", help="may change config, rules, purge...")
     p.add_argument("--name", help="a name for people (default: the key name or uid)")
     p.add_argument("--dir", help="where add-key writes the certificate (default <home>/keys)")

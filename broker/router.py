@@ -926,6 +926,7 @@ class Router:
     def _op_subscribe(self, session: Session, req: wire.Request) -> Any:
         limits = self.config["limits"]
         pattern = validate(_str(req, "pattern"), wildcards=True)
+        self._check_receives(session, pattern, operator_too=False)
         mode = req.get("mode", cons.CONSUME)
         if mode not in (cons.CONSUME, cons.OBSERVE):
             raise InvalidMessage(
@@ -1059,7 +1060,7 @@ class Router:
         endpoint = self._endpoint_arg(req)
         limit = _limit(req)
         records = self._query(state=State.FAILED, endpoint=endpoint, limit=limit)
-        return {"items": [self._with_file(r) for r in records]}
+        return {"items": [self._with_file(r) for r in records if self._receives(session, r)]}
 
     def _op_purge_dead_letters(self, session: Session, req: wire.Request) -> Any:
         endpoint = self._endpoint_arg(req)
@@ -1132,8 +1133,27 @@ class Router:
 
     def _op_pending(self, session: Session, req: wire.Request) -> Any:
         info = self._endpoint(req)
+        self._check_receives(session, info.subject, operator_too=True)
         records = self._query(state=State.CLAIMED, endpoint=info.hash, limit=_limit(req))
         return {"items": [self._with_file(r) for r in records]}
+
+    @staticmethod
+    def _receives(session: Session, record: MessageRecord) -> bool:
+        """Whether this connection may read the message: its identity may receive the
+        endpoint's messages (auth.json ``consumes``), or it is an operator."""
+        who = session.who
+        return who is not None and (who.admin or who.may_consume(record.subject))
+
+    @staticmethod
+    def _check_receives(session: Session, pattern: str, *, operator_too: bool) -> None:
+        who = session.who
+        if who is not None and ((operator_too and who.admin) or who.may_consume(pattern)):
+            return
+        allowed = ", ".join(who.receives) if who is not None else ""
+        raise NotAuthorized(
+            f"{who.name if who else session.user!r} may not receive messages of {pattern!r};"
+            f" it may receive {allowed or 'none'} (auth.json 'consumes')"
+        )
 
     def _op_complete(self, session: Session, req: wire.Request) -> Any:
         return self._finish_message(session, req, "done", operator=True)

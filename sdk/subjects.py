@@ -103,6 +103,23 @@ def match_tokens(subject_tokens: list[str], pattern_tokens: list[str]) -> bool:
     return n == len(pattern_tokens)
 
 
+def covers(pattern: str, narrower: str) -> bool:
+    """Whether every subject that ``narrower`` matches is matched by ``pattern`` too.
+
+    Both may hold wildcards; for a concrete ``narrower`` it is `matches`. ``a.>`` covers
+    ``a.*`` and ``a.b.>``; ``a.*`` covers ``a.b`` but not ``a.>`` (which takes ``a.b.c``).
+    """
+    validate(pattern, wildcards=True)
+    validate(narrower, wildcards=True)
+    wide, narrow = pattern.split("."), narrower.split(".")
+    for i, token in enumerate(wide):
+        if token == ">":
+            return len(narrow) > i
+        if i >= len(narrow) or narrow[i] == ">" or token not in ("*", narrow[i]):
+            return False
+    return len(narrow) == len(wide)
+
+
 def literal_prefix(pattern: str) -> str:
     """The part of ``pattern`` before its first wildcard token.
 

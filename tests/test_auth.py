@@ -50,6 +50,23 @@ def test_listed_uids_and_keys_get_their_senders_and_no_admin_by_default():
     assert p.identity(p.admit_uid(OWNER)).admin  # still implicit
 
 
+def test_an_identity_receives_what_it_may_send_as_unless_consumes_says_otherwise():
+    p = policy(
+        uids={
+            "1001": {"senders": ["relay.agent.b.>"]},
+            "1002": {"senders": ["relay.agent.c.x"], "consumes": ["relay.agent.c.>", "relay.log"]},
+            "1003": {"senders": [">"], "consumes": []},
+        },
+    )
+    b, c, mute = (p.identity(uid_user(u)) for u in (1001, 1002, 1003))
+    assert b.may_consume("relay.agent.b.inbox") and b.may_consume("relay.agent.b.*")
+    assert not b.may_consume("relay.agent.>") and not b.may_consume("relay.agent.c.inbox")
+    assert c.may_consume("relay.agent.c.>") and c.may_consume("relay.log")
+    assert not c.may_consume("relay.*")
+    assert mute.may_send_as("anything") and not mute.may_consume("relay.agent.b.inbox")
+    assert p.identity(uid_user(OWNER)).may_consume(">")
+
+
 def test_the_owner_can_be_restricted_by_listing_it():
     p = policy(uids={"1000": {"senders": ["relay.ops.>"], "admin": False}})
     owner = p.identity(uid_user(OWNER))
@@ -70,6 +87,8 @@ def test_a_revoked_credential_has_no_identity():
         ({"uids": {"bob": {"senders": [">"]}}}, "uids.bob: a uid is a non-negative integer"),
         ({"uids": {"1": {"senders": ">"}}}, "uids.1.senders must be a list"),
         ({"uids": {"1": {"senders": ["a..b"]}}}, "uids.1.senders"),
+        ({"uids": {"1": {"senders": [">"], "consumes": "a.>"}}}, "uids.1.consumes must be a list"),
+        ({"uids": {"1": {"senders": [">"], "consumes": ["a.>.b"]}}}, "uids.1.consumes"),
         ({"uids": {"1": {"senders": [">"], "admin": "yes"}}}, "uids.1.admin"),
         ({"uids": {"1": {"senders": [">"], "root": True}}}, "unknown field"),
         ({"keys": {"short": {"senders": [">"]}}}, "40 Z85 characters"),

@@ -61,6 +61,45 @@ def test_a_listed_curve_key_publishes_as_its_senders_only(tcp_broker):
     assert sum(e["depth"] for e in status["endpoints"]) == 1
 
 
+def test_a_key_receives_only_the_endpoints_it_may_consume(tcp_broker):
+    """projA may send as relay.agent.projA.>, so (no 'consumes') it receives only those
+    endpoints: subscribe, observe, pending and dead letters alike."""
+    ops = tcp_broker.client()
+    client = tcp_broker.client(key_file=tcp_broker.home.keys / "projA.key_secret")
+    other = "relay.agent.other.inbox"
+    ops.register_endpoint(other)
+    client.register_endpoint(f"{PROJ_A}.inbox")
+    client.subscribe(f"{PROJ_A}.>", lambda envelope: None)
+    client.observe(f"{PROJ_A}.*", lambda envelope: None)
+    for pattern in (other, ">", "relay.agent.*.inbox", "relay.agent.>"):
+        with pytest.raises(NotAuthorized, match="projA' may not receive messages of"):
+            client.subscribe(pattern, lambda envelope: None)
+        with pytest.raises(NotAuthorized, match=r"may receive relay\.agent\.projA\.>"):
+            client.observe(pattern, lambda envelope: None)
+    with pytest.raises(NotAuthorized, match="may not receive"):
+        client.pending(other)
+    assert client.pending(f"{PROJ_A}.inbox") == []
+    # Dead letters (no endpoint matched): projA reads its own only, the operator all.
+    client.publish(f"{PROJ_A}.nobody", "mine", sender=f"{PROJ_A}.worker")
+    ops.publish("relay.agent.other.nobody", "not yours", sender="relay.agent.ops")
+    assert [d["subject"] for d in client.dead_letters()] == [f"{PROJ_A}.nobody"]
+    subjects = sorted(d["subject"] for d in ops.dead_letters())
+    assert subjects == ["relay.agent.other.nobody", f"{PROJ_A}.nobody"]
+
+
+def test_auth_consume_names_what_an_identity_receives(broker):
+    result = broker.relay(
+        "auth", "allow-uid", "1001", "--sender=relay.agent.b.>", "--consume=relay.agent.>"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "may receive" in result.stdout and "relay.agent.>" in result.stdout
+    entry = json.loads(broker.home.auth_file.read_text())["uids"]["1001"]
+    assert entry["senders"] == ["relay.agent.b.>"] and entry["consumes"] == ["relay.agent.>"]
+    result = broker.relay("auth", "allow-uid", "1002", "--sender=a.b", "--consume=a..b")
+    assert result.returncode != 0 and "consumes" in result.stderr
+    assert "1002" not in json.loads(broker.home.auth_file.read_text())["uids"]
+
+
 ADMIN_REQUESTS = {
     "set_config": {"config": {"rateLimit": {"maxPerWindow": 1}}},
     "add_rule": {"rule": {"from": ">", "to": ">", "action": "deny"}},

@@ -10,6 +10,7 @@ from sdk.errors import InvalidSubject
 from sdk.subjects import (
     MAX_SUBJECT_BYTES,
     MAX_TOKENS,
+    covers,
     endpoint_hash,
     has_wildcards,
     is_valid,
@@ -149,6 +150,34 @@ MATCHING = [
 @pytest.mark.parametrize(("subject", "pattern", "expected"), MATCHING)
 def test_matches_follows_nats_semantics(subject: str, pattern: str, expected: bool) -> None:
     assert matches(subject, pattern) is expected
+
+
+@pytest.mark.parametrize(("subject", "pattern", "expected"), MATCHING)
+def test_covers_is_matches_for_a_concrete_subject(subject: str, pattern: str, expected: bool):
+    assert covers(pattern, subject) is expected
+
+
+@pytest.mark.parametrize(
+    ("pattern", "narrower", "expected"),
+    [
+        pytest.param("a.>", "a.*", True, id="gt-covers-star"),
+        pytest.param("a.>", "a.b.>", True, id="gt-covers-deeper-gt"),
+        pytest.param("a.>", "a.>", True, id="gt-covers-itself"),
+        pytest.param(">", "*.x.>", True, id="gt-alone-covers-all"),
+        pytest.param("a.*", "a.*", True, id="star-covers-star"),
+        pytest.param("a.*.c", "a.b.c", True, id="star-covers-a-literal"),
+        pytest.param("a.*", "a.>", False, id="star-not-gt"),
+        pytest.param("a.b", "a.*", False, id="literal-not-star"),
+        pytest.param("a.b.>", "a.>", False, id="deeper-gt-not-shallower"),
+        pytest.param("a.>", "a", False, id="gt-needs-a-token"),
+        pytest.param("a.*", "a.b.c", False, id="star-one-token-only"),
+        pytest.param("*.b", "a.*", False, id="literal-where-narrower-has-star"),
+    ],
+)
+def test_covers_says_whether_every_subject_of_one_pattern_matches_another(
+    pattern: str, narrower: str, expected: bool
+) -> None:
+    assert covers(pattern, narrower) is expected
 
 
 @pytest.mark.parametrize(
