@@ -447,7 +447,8 @@ def cmd_auth(args: argparse.Namespace) -> int:
     rows = []
     for who, v in listed:
         receives = v.get("consumes", v["senders"])
-        rows.append((who, v["name"], " ".join(v["senders"]), " ".join(receives), v["admin"]))
+        shown = " ".join(receives) or "nothing"
+        rows.append((who, v["name"], " ".join(v["senders"]), shown, v["admin"]))
     print(_table(rows, ["who", "name", "may send as", "may receive", "admin"]))
     print(f"(uid {home.owner_uid}, the broker's owner, is admitted with every right unless listed)")
     return 0

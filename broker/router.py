@@ -70,7 +70,7 @@ from sdk.types import (
     default_budget,
 )
 from workers import protocol as proto
-from workers.index import MessageIndex
+from workers.index import MAX_QUERY_LIMIT, MessageIndex
 from workers.maildir import Mailbox
 from workers.process import run_until_stopped
 from workers.records import MessageRecord, State
@@ -736,7 +736,26 @@ class Router:
         log.info("%s applied: %d uids, %d keys", AUTH_FILE, len(policy.uids), len(policy.keys))
         if revoked:
             self._rebind_signals()
+        self._end_subscriptions_beyond_rights()
         self._open_sockets_to_admitted_uids()
+
+    def _end_subscriptions_beyond_rights(self) -> None:
+        """Narrowed rights (or revoked credentials) stop pushes at once, not at the next
+        subscribe. Messages already pushed stay held (ack them as usual); the client
+        learns at its next heartbeat, and subscribing again is refused."""
+        for session in list(self.consumers.sessions.values()):
+            who = self.auth.identity(session.user)
+            for sub_id in sorted(session.subs):
+                sub = self.consumers.subs[sub_id]
+                if who is None or not who.may_consume(sub.pattern):
+                    log.warning(
+                        "subscription %d to %r ended: %s may no longer receive it (%s)",
+                        sub_id,
+                        sub.pattern,
+                        who.name if who else session.user,
+                        AUTH_FILE,
+                    )
+                    self.consumers.unsubscribe(sub_id)
 
     def _rebind_signals(self) -> None:
         """Requests are checked one by one, but a SUB connection only at its handshake:
@@ -1058,9 +1077,18 @@ class Router:
 
     def _op_dead_letters(self, session: Session, req: wire.Request) -> Any:
         endpoint = self._endpoint_arg(req)
-        limit = _limit(req)
-        records = self._query(state=State.FAILED, endpoint=endpoint, limit=limit)
-        return {"items": [self._with_file(r) for r in records if self._receives(session, r)]}
+        info = self.by_hash.get(endpoint) if endpoint is not None else None
+        if info is not None:
+            self._check_receives(session, info.subject)
+        who = session.who
+        keep = None
+        if who is None or not (who.admin or ">" in who.receives):
+            # Those of its endpoints only (an unroutable one by the subject it was sent to).
+            def keep(record: MessageRecord) -> bool:
+                return self._may_receive(session, record.subject)
+
+        records = self._query(state=State.FAILED, endpoint=endpoint, limit=_limit(req), keep=keep)
+        return {"items": [self._with_file(r) for r in records]}
 
     def _op_purge_dead_letters(self, session: Session, req: wire.Request) -> Any:
         endpoint = self._endpoint_arg(req)
@@ -1133,26 +1161,25 @@ class Router:
 
     def _op_pending(self, session: Session, req: wire.Request) -> Any:
         info = self._endpoint(req)
-        self._check_receives(session, info.subject, operator_too=True)
+        self._check_receives(session, info.subject)
         records = self._query(state=State.CLAIMED, endpoint=info.hash, limit=_limit(req))
         return {"items": [self._with_file(r) for r in records]}
 
     @staticmethod
-    def _receives(session: Session, record: MessageRecord) -> bool:
-        """Whether this connection may read the message: its identity may receive the
-        endpoint's messages (auth.json ``consumes``), or it is an operator."""
+    def _may_receive(session: Session, pattern: str, *, operator_too: bool = True) -> bool:
+        """Whether this connection may receive the messages of the endpoints ``pattern``
+        can match (auth.json ``consumes``); operators may read (not subscribe to) all."""
         who = session.who
-        return who is not None and (who.admin or who.may_consume(record.subject))
+        return who is not None and ((operator_too and who.admin) or who.may_consume(pattern))
 
-    @staticmethod
-    def _check_receives(session: Session, pattern: str, *, operator_too: bool) -> None:
-        who = session.who
-        if who is not None and ((operator_too and who.admin) or who.may_consume(pattern)):
+    def _check_receives(self, session: Session, pattern: str, *, operator_too: bool = True) -> None:
+        if self._may_receive(session, pattern, operator_too=operator_too):
             return
+        who = session.who
         allowed = ", ".join(who.receives) if who is not None else ""
         raise NotAuthorized(
             f"{who.name if who else session.user!r} may not receive messages of {pattern!r};"
-            f" it may receive {allowed or 'none'} (auth.json 'consumes')"
+            f" it may receive {allowed or 'nothing'} (auth.json 'consumes')"
         )
 
     def _op_complete(self, session: Session, req: wire.Request) -> Any:
@@ -1271,12 +1298,26 @@ class Router:
         with self._shard_indexes(endpoint) as indexes:
             return sum(i.count(endpoint=endpoint, state=state) for i in indexes)
 
-    def _query(self, *, state: State, endpoint: str | None, limit: int) -> list[MessageRecord]:
+    def _query(
+        self,
+        *,
+        state: State,
+        endpoint: str | None,
+        limit: int,
+        keep: Callable[[MessageRecord], bool] | None = None,
+    ) -> list[MessageRecord]:
+        """The first ``limit`` rows (by id) in ``state``; with ``keep``, of those it keeps,
+        looked for among the first MAX_QUERY_LIMIT rows of each shard (a bound on what
+        one request makes the router read)."""
         found: list[MessageRecord] = []
         with self._shard_indexes(endpoint) as indexes:
             for index in indexes:
-                records, _ = index.query(state=state.value, endpoint=endpoint, limit=limit)
-                found.extend(records)
+                records, _ = index.query(
+                    state=state.value,
+                    endpoint=endpoint,
+                    limit=limit if keep is None else MAX_QUERY_LIMIT,
+                )
+                found.extend(records if keep is None else filter(keep, records))
         found.sort(key=lambda r: (r.id, r.endpoint))
         return found[:limit]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import os
 import queue
 import threading
@@ -153,9 +154,10 @@ class Client:
         poller.register(sub, zmq.POLLIN)
         self._io_ready.set()
         next_ping = time.monotonic() + HEARTBEAT_S
+        wait_ms = 200
         try:
             while not self._closed:
-                for sock, _ in poller.poll(200):
+                for sock, _ in poller.poll(wait_ms):
                     if sock is self._outbox_in:
                         self._forward(self._outbox_in, dealer, sub)
                     elif sock is dealer:
@@ -172,6 +174,7 @@ class Client:
                 # Always, not only while subscribed: a message being handled after an
                 # unsubscribe can still be acknowledged only by a live session.
                 now = time.monotonic()
+                wait_ms = self._answer_due(now)
                 if now >= next_ping:
                     with contextlib.suppress(zmq.Again):  # never block the I/O thread
                         dealer.send_multipart(
@@ -183,6 +186,23 @@ class Client:
             self._close_dealer(poller, dealer, refusals)
             sub.close(0)
             self._outbox_in.close(0)
+
+    def wake_for_answers(self) -> None:
+        """Have the I/O thread look at the answers' deadlines now (a handler thread
+        started a batch of answers while the I/O thread slept for up to 200 ms)."""
+        with self._lock:
+            if not self._closed:
+                self._outbox.send(b"A")
+
+    def _answer_due(self, now: float) -> int:
+        """Send the answers that waited their ACK_DELAY_S (their handler thread may be
+        busy with a slow message); returns how long the I/O thread may sleep (ms)."""
+        wait = 0.2
+        for worker in list(self._subs.values()):
+            deadline = worker.answer_if_due(now)
+            if deadline is not None:
+                wait = min(wait, deadline - now)
+        return max(1, math.ceil(wait * 1000))
 
     def _expire(self, now: float) -> None:
         """Fail the requests whose deadline passed: no future waits forever, not even
@@ -236,6 +256,7 @@ class Client:
                 sub.connect(item[1:].decode())
             elif kind == b"S":  # subscribe the signal socket to a prefix
                 sub.setsockopt(zmq.SUBSCRIBE, item[1:])
+            # b"A": answers wait; the loop sets its next wake-up by their deadline
         for part, body in wire.frames(bodies, self._batch_limit):
             try:
                 send_parts(dealer, [wire.MAGIC, body], NOBLOCK)
@@ -668,15 +689,9 @@ class Client:
             return
         # Messages pushed but not yet handled are dropped here: they stay claimed and are
         # listed by pending(), rather than being handled with an ack that cannot go out.
-        workers = list(self._subs.values())
-        for worker in workers:
+        for worker in list(self._subs.values()):
             worker.stop(discard_queued=True)
-        # Acks of messages already handled leave before "bye" (a handler still running
-        # past the wait keeps its message claimed).
-        until = time.monotonic() + min(self.timeout, 1.0)
-        for worker in workers:
-            if worker.thread is not threading.current_thread() and worker.thread.is_alive():
-                worker.thread.join(max(0.0, until - time.monotonic()))
+            worker.answer()  # what it handled is answered before "bye"
         if self._io.is_alive() and hasattr(self, "server"):
             with contextlib.suppress(RelayError):
                 self._call("bye", timeout=min(self.timeout, 5.0))
@@ -709,11 +724,11 @@ def signal_fields(subject: str, signal: Signal, sender: str | None) -> dict[str,
 class _SubscriptionWorker:
     """Runs one subscription's handler, in order, on its own thread.
 
-    Its answers (ack, nack) wait up to `ACK_DELAY_S` to leave together, a quarter of the
-    subscription's credit at most: at a steady rate the router and the writer then
-    handle several in one pass and one commit instead of one each (docs/performance.md,
-    "publish -> handler"). With credit under 4, or a broker that does not say the
-    credit, each answer leaves as soon as its message is handled."""
+    Its answers (ack, nack) wait up to `ACK_DELAY_S` after the first of them to leave
+    together, a quarter of the subscription's credit at most: at a steady rate the router
+    and the writer then handle several in one pass and one commit instead of one each
+    (docs/performance.md, "publish -> handler"). With credit under 4, or a broker that
+    does not say the credit, each answer leaves as soon as its message is handled."""
 
     def __init__(self, client: Client, handler: Handler, mode: str, fields: dict[str, Any]) -> None:
         self.client = client
@@ -724,6 +739,12 @@ class _SubscriptionWorker:
         self.answers_together = 1  # set from the subscribe reply's credit
         self.queue: queue.Queue[Delivery | None] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="relay-handler", daemon=True)
+        # Handled, not yet answered, and by when they leave: sent by this thread when a
+        # quarter of the credit waits, else by the client's I/O thread at the deadline
+        # (this thread may be busy in a slow handler), or by close().
+        self._unsent: list[tuple[Delivery, str | None]] = []
+        self._deadline = 0.0
+        self._unsent_lock = threading.Lock()
 
     def subscribed(self, result: Mapping[str, Any]) -> None:
         """The subscribe reply came (on the I/O thread): start handling."""
@@ -731,7 +752,7 @@ class _SubscriptionWorker:
         credit = result.get("credit")
         if isinstance(credit, int):
             self.answers_together = max(1, credit // 4)
-        if not self.thread.is_alive():  # a renewed subscription keeps its thread
+        if self.thread.ident is None:  # a renewed subscription keeps its thread
             self.thread.start()
 
     def stop(self, *, discard_queued: bool = False) -> None:
@@ -742,30 +763,36 @@ class _SubscriptionWorker:
         self.queue.put(None)
 
     def _run(self) -> None:
-        unsent: list[tuple[Delivery, str | None]] = []  # handled, not yet answered
-        deadline = 0.0
-        while True:
-            wait = max(0.0, deadline - time.monotonic()) if unsent else None
-            try:
-                delivery = self.queue.get(timeout=wait)
-            except queue.Empty:
-                self._answer(unsent)
-                continue
-            if delivery is None:
-                self._answer(unsent)
-                return
+        while (delivery := self.queue.get()) is not None:
             error = self._handle(delivery)
             if self.mode != "consume":
                 continue
-            if not unsent:
-                deadline = time.monotonic() + ACK_DELAY_S
-            unsent.append((delivery, error))
-            if len(unsent) >= self.answers_together:
-                self._answer(unsent)
+            with self._unsent_lock:
+                first = not self._unsent
+                if first:
+                    self._deadline = time.monotonic() + ACK_DELAY_S
+                self._unsent.append((delivery, error))
+                due = len(self._unsent) >= self.answers_together
+            if due or time.monotonic() >= self._deadline:  # also while messages queue up
+                self.answer()
+            elif first:
+                self.client.wake_for_answers()  # its poll may be set to sleep longer
+        self.answer()
 
-    def _answer(self, handled: list[tuple[Delivery, str | None]]) -> None:
-        """Ack or nack each handled message and empty the list: queued back to back,
+    def answer_if_due(self, now: float) -> float | None:
+        """(I/O thread) Answer if the deadline passed; else the deadline, None if none."""
+        if not self._unsent:
+            return None
+        if now < self._deadline:
+            return self._deadline
+        self.answer()
+        return None
+
+    def answer(self) -> None:
+        """Ack or nack each message handled and not yet answered. Queued back to back,
         they usually leave in one frame (a batch, when the broker takes batches)."""
+        with self._unsent_lock:
+            handled, self._unsent = self._unsent, []
         for delivery, error in handled:
             fields = {"sub": delivery.sub, "id": delivery.id, "endpoint": delivery.endpoint}
             try:
@@ -775,7 +802,6 @@ class _SubscriptionWorker:
                     self.client.request("nack", reason=error, **fields)
             except RelayError:
                 log.warning("could not acknowledge %s: client closed", delivery.id)
-        handled.clear()
 
     def _handle(self, delivery: Delivery) -> str | None:
         try:

@@ -12,6 +12,7 @@ import threading
 
 import pytest
 
+from sdk import client as client_module
 from sdk import wire
 from sdk.client import Delivery, _SubscriptionWorker, connect
 from sdk.errors import Unavailable
@@ -214,6 +215,9 @@ class _Recorder:
     def request(self, op: str, **fields) -> None:
         self.events.append(f"{op} {fields['id']}")
 
+    def wake_for_answers(self) -> None:
+        pass  # no I/O thread here: only the worker answers
+
 
 def _worker_after_burst(subscribe_result: dict, burst: int) -> list[str]:
     """A worker whose queue already holds ``burst`` messages when it starts."""
@@ -232,7 +236,8 @@ def _worker_after_burst(subscribe_result: dict, burst: int) -> list[str]:
     return recorder.events
 
 
-def test_answers_to_a_burst_leave_together_a_quarter_of_the_credit_at_a_time():
+def test_answers_to_a_burst_leave_together_a_quarter_of_the_credit_at_a_time(monkeypatch):
+    monkeypatch.setattr(client_module, "ACK_DELAY_S", 60.0)  # only the count decides here
     events = _worker_after_burst({"sub": 1, "credit": 16}, burst=6)
     handled = [f"handled m{n}" for n in range(6)]
     acks = [f"ack m{n}" for n in range(6)]
@@ -257,8 +262,9 @@ def test_the_subscribe_reply_says_the_credit_granted(broker):
         sock.close(0)
 
 
-def test_close_sends_the_answers_of_messages_already_handled(broker):
+def test_close_sends_the_answers_of_messages_already_handled(broker, monkeypatch):
     """Answers wait a few ms to leave together; closing the client sends them first."""
+    monkeypatch.setattr(client_module, "ACK_DELAY_S", 60.0)  # only close() sends them
     watcher = broker.client()
     watcher.register_endpoint(A)
     handled = []
@@ -270,3 +276,51 @@ def test_close_sends_the_answers_of_messages_already_handled(broker):
     # Unanswered, they would stay claimed by the ended session, listed as pending.
     wait_for(lambda: watcher.pending(A) == [], what="the five acks")
     assert sorted(handled) == sorted(ids)
+
+
+def test_answers_leave_within_the_delay_while_the_handler_is_busy_with_a_slow_message(broker):
+    """The I/O thread sends what waited ACK_DELAY_S; a slow handler does not hold it."""
+    watcher = broker.client()
+    watcher.register_endpoint(A)
+    release, handled = threading.Event(), []
+
+    def handler(envelope: Envelope) -> None:
+        handled.append(envelope.id)
+        if len(handled) == 2:
+            release.wait(30)
+
+    client = broker.client()
+    client.subscribe(A, handler)
+    first, second = (watcher.publish(A, n, sender=SENDER).message_id for n in range(2))
+    try:
+        wait_for(lambda: len(handled) == 2, what="the second message in its handler")
+        wait_for(
+            lambda: [p["id"] for p in watcher.pending(A)] == [second],
+            what="the first message acked meanwhile",
+        )
+    finally:
+        release.set()
+    wait_for(lambda: watcher.pending(A) == [], what="the second acked once handled")
+    assert handled == [first, second]
+
+
+def test_closing_the_client_from_a_handler_answers_what_was_handled_before(broker, monkeypatch):
+    monkeypatch.setattr(client_module, "ACK_DELAY_S", 60.0)  # only close() sends them
+    watcher = broker.client()
+    watcher.register_endpoint(A)
+    client = broker.client()
+    seen = []
+
+    def handler(envelope: Envelope) -> None:
+        seen.append(envelope.id)
+        if len(seen) == 3:
+            client.close()
+
+    client.subscribe(A, handler)
+    ids = [watcher.publish(A, n, sender=SENDER).message_id for n in range(3)]
+    wait_for(lambda: len(seen) == 3, what="three messages handled")
+    # The third was still in its handler when the client closed: it stays held.
+    wait_for(
+        lambda: [p["id"] for p in watcher.pending(A)] == [ids[2]],
+        what="the first two acked, the third pending",
+    )

@@ -20,6 +20,7 @@ import zmq
 from sdk import wire
 from sdk.curve import create_certificate
 from sdk.errors import NotAuthorized, SenderNotAllowed
+from sdk.subjects import endpoint_hash
 from sdk.types import AccessRule, RuleAction, Signal, SignalType
 from tests.harness import Broker, signals_flowing, wait_for
 
@@ -80,11 +81,45 @@ def test_a_key_receives_only_the_endpoints_it_may_consume(tcp_broker):
         client.pending(other)
     assert client.pending(f"{PROJ_A}.inbox") == []
     # Dead letters (no endpoint matched): projA reads its own only, the operator all.
-    client.publish(f"{PROJ_A}.nobody", "mine", sender=f"{PROJ_A}.worker")
     ops.publish("relay.agent.other.nobody", "not yours", sender="relay.agent.ops")
+    client.publish(f"{PROJ_A}.nobody", "mine", sender=f"{PROJ_A}.worker")
     assert [d["subject"] for d in client.dead_letters()] == [f"{PROJ_A}.nobody"]
+    # Filtered before the limit: the older letter, not its own, does not fill the page.
+    assert [d["subject"] for d in client.dead_letters(limit=1)] == [f"{PROJ_A}.nobody"]
+    with pytest.raises(NotAuthorized, match="may not receive"):
+        client.dead_letters(endpoint_hash(other))
+    assert client.dead_letters(endpoint_hash(f"{PROJ_A}.inbox")) == []
     subjects = sorted(d["subject"] for d in ops.dead_letters())
     assert subjects == ["relay.agent.other.nobody", f"{PROJ_A}.nobody"]
+
+
+def test_narrowing_what_a_key_receives_ends_its_live_subscription(tcp_broker):
+    ops = tcp_broker.client()
+    client = tcp_broker.client(key_file=tcp_broker.home.keys / "projA.key_secret")
+    inbox = f"{PROJ_A}.inbox"
+    ops.register_endpoint(inbox)
+    seen = []
+    client.subscribe(inbox, lambda envelope: seen.append(envelope.payload))
+    ops.publish(inbox, "before", sender="relay.agent.ops")
+    wait_for(lambda: seen == ["before"], what="the first message pushed")
+
+    data = json.loads(tcp_broker.home.auth_file.read_text())
+    entry = next(e for e in data["keys"].values() if e["name"] == "projA")
+    entry["consumes"] = []  # still admitted, still sends as projA, receives nothing
+    write_auth(tcp_broker, data)
+    wait_for(
+        lambda: "may no longer receive it" in tcp_broker.log("router"),
+        what="the subscription ended",
+    )
+    ops.publish(inbox, "after", sender="relay.agent.ops")
+    wait_for(lambda: depth(ops, inbox) == 1, what="the second message waiting in new/")
+    assert seen == ["before"]
+    with pytest.raises(NotAuthorized, match="may receive nothing"):
+        client.subscribe(inbox, lambda envelope: None)
+
+
+def depth(client, subject: str) -> int:
+    return next(e["depth"] for e in client.status()["endpoints"] if e["subject"] == subject)
 
 
 def test_auth_consume_names_what_an_identity_receives(broker):

@@ -39,3 +39,11 @@ def test_a_full_queue_refuses_the_whole_message_without_blocking(pair):
     while pull.poll(100):
         received.append(pull.recv_multipart())
     assert received == [[b"a", b"b"]] * sent
+
+
+def test_a_part_that_is_not_bytes_refuses_the_whole_message(pair):
+    push, pull = pair
+    with pytest.raises(TypeError):
+        send_parts(push, [b"id", "text is not bytes"])
+    send_parts(push, [b"next", b"message"])
+    assert pull.recv_multipart() == [b"next", b"message"]  # nothing glued in front
