@@ -174,7 +174,7 @@ class Client:
                 # Always, not only while subscribed: a message being handled after an
                 # unsubscribe can still be acknowledged only by a live session.
                 now = time.monotonic()
-                wait_ms = self._answer_due(now)
+                wait_ms = self._answer_due(now, dealer)
                 if now >= next_ping:
                     with contextlib.suppress(zmq.Again):  # never block the I/O thread
                         dealer.send_multipart(
@@ -194,14 +194,28 @@ class Client:
             if not self._closed:
                 self._outbox.send(b"A")
 
-    def _answer_due(self, now: float) -> int:
+    def _answer_due(self, now: float, dealer: zmq.Socket) -> int:
         """Send the answers that waited their ACK_DELAY_S (their handler thread may be
-        busy with a slow message); returns how long the I/O thread may sleep (ms)."""
+        busy with a slow message); returns how long the I/O thread may sleep (ms).
+
+        Sent here on the DEALER, not through request(): the I/O thread must never take
+        the client's lock, which a caller blocked on the full queue to it may hold. Their
+        replies, like those of every answer, are not waited for (no future)."""
         wait = 0.2
+        bodies = []
         for worker in list(self._subs.values()):
-            deadline = worker.answer_if_due(now)
+            handled, deadline = worker.take_due(now)
             if deadline is not None:
                 wait = min(wait, deadline - now)
+            for delivery, error in handled:
+                op, fields = _answer(delivery, error)
+                bodies.append(wire.encode_request(op, next(self._rids), **fields)[1])
+        for _, body in wire.frames(bodies, self._batch_limit):
+            try:
+                send_parts(dealer, [wire.MAGIC, body], NOBLOCK)
+            except zmq.ZMQError as exc:  # EAGAIN: the broker is unreachable
+                log.warning("acks not sent, their messages stay held (pending): %s", exc)
+                break
         return max(1, math.ceil(wait * 1000))
 
     def _expire(self, now: float) -> None:
@@ -779,14 +793,16 @@ class _SubscriptionWorker:
                 self.client.wake_for_answers()  # its poll may be set to sleep longer
         self.answer()
 
-    def answer_if_due(self, now: float) -> float | None:
-        """(I/O thread) Answer if the deadline passed; else the deadline, None if none."""
-        if not self._unsent:
-            return None
-        if now < self._deadline:
-            return self._deadline
-        self.answer()
-        return None
+    def take_due(self, now: float) -> tuple[list[tuple[Delivery, str | None]], float | None]:
+        """(I/O thread) The answers whose deadline passed, taken to be sent; otherwise
+        none, and the deadline of those waiting (None when none wait)."""
+        with self._unsent_lock:
+            if not self._unsent:
+                return [], None
+            if now < self._deadline:
+                return [], self._deadline
+            handled, self._unsent = self._unsent, []
+        return handled, None
 
     def answer(self) -> None:
         """Ack or nack each message handled and not yet answered. Queued back to back,
@@ -794,12 +810,9 @@ class _SubscriptionWorker:
         with self._unsent_lock:
             handled, self._unsent = self._unsent, []
         for delivery, error in handled:
-            fields = {"sub": delivery.sub, "id": delivery.id, "endpoint": delivery.endpoint}
+            op, fields = _answer(delivery, error)
             try:
-                if error is None:
-                    self.client.request("ack", **fields)
-                else:
-                    self.client.request("nack", reason=error, **fields)
+                self.client.request(op, **fields)
             except RelayError:
                 log.warning("could not acknowledge %s: client closed", delivery.id)
 
@@ -814,6 +827,14 @@ class _SubscriptionWorker:
             log.warning("handler failed on %s: %r", delivery.id, exc)
             return f"handler error: {type(exc).__name__}: {exc}"[:1000]
         return None
+
+
+def _answer(delivery: Delivery, error: str | None) -> tuple[str, dict[str, Any]]:
+    """The ack of a message handled, or its nack with the handler's error."""
+    fields: dict[str, Any] = {"sub": delivery.sub, "id": delivery.id, "endpoint": delivery.endpoint}
+    if error is None:
+        return "ack", fields
+    return "nack", {**fields, "reason": error}
 
 
 def connect(
