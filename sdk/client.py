@@ -89,6 +89,10 @@ class Client:
         self._lock = threading.Lock()
         self._closed = False
         self._subs: dict[int, _SubscriptionWorker] = {}
+        # Workers whose answers wait for their deadline (the I/O thread looks at these).
+        self._answers_waiting: set[_SubscriptionWorker] = set()
+        self._ending = False  # close() has begun: answers leave through it, before "bye"
+        self._answers_lock = threading.Lock()  # never held while waiting on anything
         self._pending_subs: dict[int, _SubscriptionWorker] = {}  # by subscribe request id
         self._signal_handlers: dict[int, tuple[str, SignalHandler]] = {}
         self._signal_ids = itertools.count(1)
@@ -174,7 +178,7 @@ class Client:
                 # Always, not only while subscribed: a message being handled after an
                 # unsubscribe can still be acknowledged only by a live session.
                 now = time.monotonic()
-                wait_ms = self._answer_due(now, dealer)
+                wait_ms = self._answer_due(now, dealer, sub)
                 if now >= next_ping:
                     with contextlib.suppress(zmq.Again):  # never block the I/O thread
                         dealer.send_multipart(
@@ -188,35 +192,51 @@ class Client:
             self._outbox_in.close(0)
 
     def wake_for_answers(self) -> None:
-        """Have the I/O thread look at the answers' deadlines now (a handler thread
-        started a batch of answers while the I/O thread slept for up to 200 ms)."""
+        """A handler thread started a batch of answers (see `_answers_waiting`): have
+        the I/O thread, which may sleep up to 200 ms, watch its deadline."""
         with self._lock:
             if not self._closed:
                 self._outbox.send(b"A")
 
-    def _answer_due(self, now: float, dealer: zmq.Socket) -> int:
+    def _answer_due(self, now: float, dealer: zmq.Socket, sub: zmq.Socket) -> int:
         """Send the answers that waited their ACK_DELAY_S (their handler thread may be
         busy with a slow message); returns how long the I/O thread may sleep (ms).
 
         Sent here on the DEALER, not through request(): the I/O thread must never take
         the client's lock, which a caller blocked on the full queue to it may hold. Their
-        replies, like those of every answer, are not waited for (no future)."""
+        replies, like those of every answer, are not waited for (no future). What the
+        handlers queued before is forwarded first: an ack never overtakes its handler's
+        reply or publish. Nothing is taken once close() has begun: it answers itself,
+        before "bye"."""
+        if not self._answers_waiting:
+            return 200
         wait = 0.2
+        with self._answers_lock:  # close() sets _ending under it: no answer after "bye"
+            if self._ending:
+                return 200
+            due = []
+            for worker in list(self._answers_waiting):
+                handled, deadline = worker.take_due(now)
+                if deadline is not None:
+                    wait = min(wait, deadline - now)
+                due += handled
+            if due:
+                while self._forward(self._outbox_in, dealer, sub) == wire.MAX_BATCH:
+                    pass
+                self._send_answers(dealer, due)
+        return max(1, math.ceil(wait * 1000))
+
+    def _send_answers(self, dealer: zmq.Socket, due: list[tuple[Delivery, str | None]]) -> None:
         bodies = []
-        for worker in list(self._subs.values()):
-            handled, deadline = worker.take_due(now)
-            if deadline is not None:
-                wait = min(wait, deadline - now)
-            for delivery, error in handled:
-                op, fields = _answer(delivery, error)
-                bodies.append(wire.encode_request(op, next(self._rids), **fields)[1])
+        for delivery, error in due:
+            op, fields = _answer(delivery, error)
+            bodies.append(wire.encode_request(op, next(self._rids), **fields)[1])
         for _, body in wire.frames(bodies, self._batch_limit):
             try:
                 send_parts(dealer, [wire.MAGIC, body], NOBLOCK)
             except zmq.ZMQError as exc:  # EAGAIN: the broker is unreachable
                 log.warning("acks not sent, their messages stay held (pending): %s", exc)
-                break
-        return max(1, math.ceil(wait * 1000))
+                return
 
     def _expire(self, now: float) -> None:
         """Fail the requests whose deadline passed: no future waits forever, not even
@@ -245,17 +265,20 @@ class Client:
         if future is not None and not future.done():
             future.set_exception(error)
 
-    def _forward(self, outbox: zmq.Socket, dealer: zmq.Socket, sub: zmq.Socket) -> None:
-        """Move what callers queued to the sockets. Requests queued together leave
-        together, as one batch frame when the broker takes batches: under load that is
-        one ZeroMQ message, and one reply frame back, for many publishes."""
+    def _forward(self, outbox: zmq.Socket, dealer: zmq.Socket, sub: zmq.Socket) -> int:
+        """Move what callers queued to the sockets; returns how many items it took (at
+        most wire.MAX_BATCH). Requests queued together leave together, as one batch
+        frame when the broker takes batches: under load that is one ZeroMQ message, and
+        one reply frame back, for many publishes."""
         rids: list[int] = []
         bodies: list[bytes] = []
-        for _ in range(wire.MAX_BATCH):  # bounded: replies and pings get their turn
+        taken = 0
+        while taken < wire.MAX_BATCH:  # bounded: replies and pings get their turn
             try:
                 item = outbox.recv(zmq.NOBLOCK)  # one frame: a kind byte, then its data
             except zmq.Again:
                 break
+            taken += 1
             kind = item[:1]
             if kind == b"R":  # a request: 8 bytes of rid, then the body
                 rid = int.from_bytes(item[1:9], "big")
@@ -284,6 +307,7 @@ class Client:
                         quiet += 1
                 if quiet:
                     log.warning("%d signals sent with wait=False dropped: %s", quiet, error)
+        return taken
 
     def _receive(self, dealer: zmq.Socket) -> None:
         while True:
@@ -353,6 +377,7 @@ class Client:
                 log.error(
                     "could not renew the subscription to %r: %s", worker.fields["pattern"], exc
                 )
+                worker.stop()  # it handles and answers what was pushed to it, then ends
 
     def _receive_signals(self, sub: zmq.Socket) -> None:
         """Hand what arrived to the signal thread, in one queue item (one wake-up)."""
@@ -703,9 +728,12 @@ class Client:
             return
         # Messages pushed but not yet handled are dropped here: they stay claimed and are
         # listed by pending(), rather than being handled with an ack that cannot go out.
-        for worker in list(self._subs.values()):
+        with self._answers_lock:  # waits for answers the I/O thread is sending
+            self._ending = True  # from here it leaves them to us
+        for worker in {*self._subs.values(), *self._answers_waiting}:
             worker.stop(discard_queued=True)
-            worker.answer()  # what it handled is answered before "bye"
+            if self._io.is_alive():
+                worker.answer()  # what it handled is answered before "bye"
         if self._io.is_alive() and hasattr(self, "server"):
             with contextlib.suppress(RelayError):
                 self._call("bye", timeout=min(self.timeout, 5.0))
@@ -759,6 +787,7 @@ class _SubscriptionWorker:
         self._unsent: list[tuple[Delivery, str | None]] = []
         self._deadline = 0.0
         self._unsent_lock = threading.Lock()
+        self._answering = threading.Lock()  # held while answer() queues what it took
 
     def subscribed(self, result: Mapping[str, Any]) -> None:
         """The subscribe reply came (on the I/O thread): start handling."""
@@ -785,36 +814,39 @@ class _SubscriptionWorker:
                 first = not self._unsent
                 if first:
                     self._deadline = time.monotonic() + ACK_DELAY_S
+                    self.client._answers_waiting.add(self)
                 self._unsent.append((delivery, error))
                 due = len(self._unsent) >= self.answers_together
             if due or time.monotonic() >= self._deadline:  # also while messages queue up
                 self.answer()
             elif first:
-                self.client.wake_for_answers()  # its poll may be set to sleep longer
+                self.client.wake_for_answers()
         self.answer()
 
     def take_due(self, now: float) -> tuple[list[tuple[Delivery, str | None]], float | None]:
         """(I/O thread) The answers whose deadline passed, taken to be sent; otherwise
         none, and the deadline of those waiting (None when none wait)."""
-        with self._unsent_lock:
-            if not self._unsent:
-                return [], None
-            if now < self._deadline:
+        with self._unsent_lock:  # the same lock as the add in _run: none is missed
+            if self._unsent and now < self._deadline:
                 return [], self._deadline
             handled, self._unsent = self._unsent, []
+            self.client._answers_waiting.discard(self)
         return handled, None
 
     def answer(self) -> None:
         """Ack or nack each message handled and not yet answered. Queued back to back,
-        they usually leave in one frame (a batch, when the broker takes batches)."""
-        with self._unsent_lock:
-            handled, self._unsent = self._unsent, []
-        for delivery, error in handled:
-            op, fields = _answer(delivery, error)
-            try:
-                self.client.request(op, **fields)
-            except RelayError:
-                log.warning("could not acknowledge %s: client closed", delivery.id)
+        they usually leave in one frame (a batch, when the broker takes batches). One
+        caller at a time, so that close() returns only once the handler thread's answers
+        are queued, before its "bye"."""
+        with self._answering:
+            with self._unsent_lock:
+                handled, self._unsent = self._unsent, []
+            for delivery, error in handled:
+                op, fields = _answer(delivery, error)
+                try:
+                    self.client.request(op, **fields)
+                except RelayError:
+                    log.warning("could not acknowledge %s: client closed", delivery.id)
 
     def _handle(self, delivery: Delivery) -> str | None:
         try:

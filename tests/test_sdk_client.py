@@ -211,6 +211,7 @@ class _Recorder:
 
     def __init__(self) -> None:
         self.events: list[str] = []
+        self._answers_waiting: set = set()
 
     def request(self, op: str, **fields) -> None:
         self.events.append(f"{op} {fields['id']}")
@@ -324,3 +325,19 @@ def test_closing_the_client_from_a_handler_answers_what_was_handled_before(broke
         lambda: [p["id"] for p in watcher.pending(A)] == [ids[2]],
         what="the first two acked, the third pending",
     )
+
+
+def test_answers_leave_while_a_caller_holds_the_client_lock(broker):
+    """The I/O thread sends due answers without the client's lock, which a caller
+    blocked on the full queue to the I/O thread may hold (a deadlock otherwise)."""
+    watcher = broker.client()
+    watcher.register_endpoint(A)
+    client = broker.client()
+    handled = []
+    client.subscribe(A, lambda envelope: handled.append(envelope.id))
+    with client._lock:  # the handler thread cannot send a thing meanwhile
+        message_id = watcher.publish(A, 1, sender=SENDER).message_id
+        wait_for(
+            lambda: handled == [message_id] and watcher.pending(A) == [],
+            what="the message handled and acked by the I/O thread",
+        )
