@@ -1080,13 +1080,10 @@ class Router:
         info = self.by_hash.get(endpoint) if endpoint is not None else None
         if info is not None:
             self._check_receives(session, info.subject)
-        who = session.who
+        # All of them, or those of its endpoints (an unroutable one by its subject).
         keep = None
-        if who is None or not (who.admin or ">" in who.receives):
-            # Those of its endpoints only (an unroutable one by the subject it was sent to).
-            def keep(record: MessageRecord) -> bool:
-                return self._may_receive(session, record.subject)
-
+        if not self._may_receive(session, ">"):
+            keep = lambda record: self._may_receive(session, record.subject)  # noqa: E731
         records = self._query(state=State.FAILED, endpoint=endpoint, limit=_limit(req), keep=keep)
         return {"items": [self._with_file(r) for r in records]}
 
