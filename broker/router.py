@@ -1246,9 +1246,17 @@ class Router:
         with self._shard_indexes() as indexes:
             for index in indexes:
                 copies.extend(index.get(message_id))
+        # The copies of what it sent, or may receive (a failed copy's reason is a
+        # handler's error text, which may quote the message).
+        who = session.who
+        shown = [
+            r
+            for r in copies
+            if self._may_receive(session, r.subject) or (who and who.may_send_as(r.sender))
+        ]
         return {
             "id": message_id,
-            "copies": [self._record_wire(r) for r in sorted(copies, key=lambda r: r.endpoint)],
+            "copies": [self._record_wire(r) for r in sorted(shown, key=lambda r: r.endpoint)],
         }
 
     def _op_rebuild_index(self, session: Session, req: wire.Request) -> Any:

@@ -91,6 +91,12 @@ def test_a_key_receives_only_the_endpoints_it_may_consume(tcp_broker):
     assert client.dead_letters(endpoint_hash(f"{PROJ_A}.inbox")) == []
     subjects = sorted(d["subject"] for d in ops.dead_letters())
     assert subjects == ["relay.agent.other.nobody", f"{PROJ_A}.nobody"]
+    # trace: the copies of what it sent or may receive.
+    theirs = ops.publish(other, "theirs", sender="relay.agent.ops").message_id
+    mine = client.publish(other, "mine", sender=f"{PROJ_A}.worker").message_id
+    assert client.trace(theirs)["copies"] == []
+    assert [c["subject"] for c in client.trace(mine)["copies"]] == [other]
+    assert [c["subject"] for c in ops.trace(theirs)["copies"]] == [other]
 
 
 def test_narrowing_what_a_key_receives_ends_its_live_subscription(tcp_broker):
