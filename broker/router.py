@@ -1077,15 +1077,40 @@ class Router:
 
     def _op_dead_letters(self, session: Session, req: wire.Request) -> Any:
         endpoint = self._endpoint_arg(req)
+        limit = _limit(req)
         info = self.by_hash.get(endpoint) if endpoint is not None else None
         if info is not None:
             self._check_receives(session, info.subject)
-        # All of them, or those of its endpoints (an unroutable one by its subject).
-        keep = None
-        if not self._may_receive(session, ">"):
-            keep = lambda record: self._may_receive(session, record.subject)  # noqa: E731
-        records = self._query(state=State.FAILED, endpoint=endpoint, limit=_limit(req), keep=keep)
+        if info is not None or self._may_receive(session, ">"):
+            records = self._query(state=State.FAILED, endpoint=endpoint, limit=limit)
+        else:
+            records = self._dead_letters_received(session, endpoint, limit)
         return {"items": [self._with_file(r) for r in records]}
+
+    def _dead_letters_received(
+        self, session: Session, endpoint: str | None, limit: int
+    ) -> list[MessageRecord]:
+        """The dead letters of an identity with restricted rights: those of each endpoint
+        it may receive (an index lookup each), and of the unroutable ones (``endpoint``
+        `UNROUTABLE` or None) those sent to a subject it may receive, looked for among
+        the first MAX_QUERY_LIMIT of each shard (a bound on what one request reads)."""
+        failed = State.FAILED.value
+        mine = (
+            []
+            if endpoint is not None
+            else [h for h, i in self.by_hash.items() if self._may_receive(session, i.subject)]
+        )
+        found: list[MessageRecord] = []
+        with self._shard_indexes() as indexes:
+            for index in indexes:
+                for endpoint_hash in mine:
+                    found += index.query(state=failed, endpoint=endpoint_hash, limit=limit)[0]
+                unroutable, _ = index.query(
+                    state=failed, endpoint=UNROUTABLE, limit=MAX_QUERY_LIMIT
+                )
+                found += [r for r in unroutable if self._may_receive(session, r.subject)]
+        found.sort(key=lambda r: (r.id, r.endpoint))
+        return found[:limit]
 
     def _op_purge_dead_letters(self, session: Session, req: wire.Request) -> Any:
         endpoint = self._endpoint_arg(req)
@@ -1303,26 +1328,12 @@ class Router:
         with self._shard_indexes(endpoint) as indexes:
             return sum(i.count(endpoint=endpoint, state=state) for i in indexes)
 
-    def _query(
-        self,
-        *,
-        state: State,
-        endpoint: str | None,
-        limit: int,
-        keep: Callable[[MessageRecord], bool] | None = None,
-    ) -> list[MessageRecord]:
-        """The first ``limit`` rows (by id) in ``state``; with ``keep``, of those it keeps,
-        looked for among the first MAX_QUERY_LIMIT rows of each shard (a bound on what
-        one request makes the router read)."""
+    def _query(self, *, state: State, endpoint: str | None, limit: int) -> list[MessageRecord]:
         found: list[MessageRecord] = []
         with self._shard_indexes(endpoint) as indexes:
             for index in indexes:
-                records, _ = index.query(
-                    state=state.value,
-                    endpoint=endpoint,
-                    limit=limit if keep is None else MAX_QUERY_LIMIT,
-                )
-                found.extend(records if keep is None else filter(keep, records))
+                records, _ = index.query(state=state.value, endpoint=endpoint, limit=limit)
+                found.extend(records)
         found.sort(key=lambda r: (r.id, r.endpoint))
         return found[:limit]
 

@@ -70,7 +70,11 @@ def test_a_key_receives_only_the_endpoints_it_may_consume(tcp_broker):
     other = "relay.agent.other.inbox"
     ops.register_endpoint(other)
     client.register_endpoint(f"{PROJ_A}.inbox")
-    client.subscribe(f"{PROJ_A}.>", lambda envelope: None)
+    def refuse_some(envelope) -> None:
+        if envelope.payload == "nack me":
+            raise ValueError("refused")
+
+    client.subscribe(f"{PROJ_A}.>", refuse_some)
     client.observe(f"{PROJ_A}.*", lambda envelope: None)
     for pattern in (other, ">", "relay.agent.*.inbox", "relay.agent.>"):
         with pytest.raises(NotAuthorized, match="projA' may not receive messages of"):
@@ -91,6 +95,13 @@ def test_a_key_receives_only_the_endpoints_it_may_consume(tcp_broker):
     assert client.dead_letters(endpoint_hash(f"{PROJ_A}.inbox")) == []
     subjects = sorted(d["subject"] for d in ops.dead_letters())
     assert subjects == ["relay.agent.other.nobody", f"{PROJ_A}.nobody"]
+    # A dead letter of its own registered endpoint (nacked by its handler) is listed too.
+    ops.publish(f"{PROJ_A}.inbox", "nack me", sender="relay.agent.ops")
+    wait_for(lambda: len(client.dead_letters()) == 2, what="the nacked message listed")
+    assert sorted(d["subject"] for d in client.dead_letters()) == [
+        f"{PROJ_A}.inbox",
+        f"{PROJ_A}.nobody",
+    ]
     # trace: the copies of what it sent or may receive.
     theirs = ops.publish(other, "theirs", sender="relay.agent.ops").message_id
     mine = client.publish(other, "mine", sender=f"{PROJ_A}.worker").message_id
