@@ -35,7 +35,6 @@ checks are on the measured path; every publish must come back delivered.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import multiprocessing
@@ -53,9 +52,11 @@ import zmq
 from bench.bench_storage import fs_type
 from bench.common import Row, rate, remove_when_done, rss_mib, stop_broker
 from broker.control import DEFAULT_CONFIG
-from sdk.client import ACK_DELAY_S
+from sdk.client import ACK_DELAY_S, answers_together
+from sdk.subjects import endpoint_hash
 from sdk.types import Signal, SignalType
 from workers.syncfs import syncfs
+from workers.writer import shard_of
 
 SHARD_COUNTS = (1, 2)
 SUBJECT = "relay.agent.bench"
@@ -80,7 +81,7 @@ OFFERED_RATE = 1000  # msg/s, for the handler latency
 OFFERED_SECONDS = 3.0
 WARMUP = 200
 # (e)'s consumer answers as the SDK's does with the default credit (sdk.client).
-ACKS_TOGETHER = max(1, DEFAULT_CONFIG["limits"]["defaultCredit"] // 4)
+ACKS_TOGETHER = answers_together(DEFAULT_CONFIG["limits"]["defaultCredit"])
 
 _OPEN_NEW = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC
 _TOPIC = b"relay.signal.bench"
@@ -157,10 +158,6 @@ def _syncfs_at(path: str) -> None:
         os.close(fd)
 
 
-def endpoint_hash(subject: str) -> str:
-    return hashlib.sha256(subject.encode()).hexdigest()[:12]
-
-
 def spread_subjects(count: int, shards: int) -> list[str]:
     """``count`` endpoint subjects, as many on each shard as the count allows."""
     per_shard = count // shards
@@ -168,7 +165,7 @@ def spread_subjects(count: int, shards: int) -> list[str]:
     n = 0
     while any(len(v) < per_shard for v in taken.values()):
         subject = f"{SUBJECT}.e{n}"
-        shard = int(endpoint_hash(subject), 16) % shards
+        shard = shard_of(endpoint_hash(subject), shards)
         if len(taken[shard]) < per_shard:
             taken[shard].append(subject)
         n += 1
@@ -484,9 +481,8 @@ def _pipe_writer(writer: int, to_writer: str, from_writers: str, directory: str)
                 reply += [identity, b"acked", b""]
                 continue
             where, _, k, _ = next(stored)
-            if kind == b"deliver":
-                body = b"%d|%d/%d|" % (writer, where, k) + body
-            reply += [identity, kind, body if kind == b"deliver" else b""]
+            named = b"%d|%d/%d|" % (writer, where, k) + body if kind == b"deliver" else b""
+            reply += [identity, kind, named]
         push.send_multipart(reply)
     ctx.destroy(0)
 

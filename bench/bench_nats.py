@@ -259,15 +259,17 @@ def rows(rounds: int = 3) -> list[Row]:
     return _table(m, kind)
 
 
+def _lost(figures: dict[str, float]) -> str:
+    """", N lost" for a row's label when messages were lost, else nothing."""
+    return f", {figures['lost']:.0f} lost" if figures["lost"] else ""
+
+
 def _table(m: dict[str, dict[str, float]], kind: str) -> list[Row]:
     single, pipe = m["relay_single"], m["relay_pipelined"]
     always_1, default_1 = m["js_always_single"], m["js_default_single"]
     always_n, default_n = m["js_always_pipelined"], m["js_default_pipelined"]
     shards = f"{SHARDS} shards"
-    lost = m["nats_core"]["lost"]
-    core_lost = f", {lost:.0f} lost" if lost else ""
-    lost = m["relay_signals_no_reply"]["lost"]
-    relay_lost = f", {lost:.0f} lost" if lost else ""
+    core_lost, relay_lost = _lost(m["nats_core"]), _lost(m["relay_signals_no_reply"])
     return [
         Row(
             f"publish {INFLIGHT} in flight: Relay vs JetStream sync-always ({shards}, {kind})",

@@ -49,6 +49,7 @@ log = logging.getLogger("relay.client")
 
 DEFAULT_TIMEOUT = 10.0
 HEARTBEAT_S = 1.0
+IO_POLL_MS = 200  # the I/O thread's longest sleep
 ACK_DELAY_S = 0.005  # a handled message's ack may wait this long to leave with others
 QUIET_SIGNALS_LIMIT = 10_000  # signals sent with wait=False waiting to leave; more wait
 Handler = Callable[[Envelope], Any]
@@ -158,7 +159,7 @@ class Client:
         poller.register(sub, zmq.POLLIN)
         self._io_ready.set()
         next_ping = time.monotonic() + HEARTBEAT_S
-        wait_ms = 200
+        wait_ms = IO_POLL_MS
         try:
             while not self._closed:
                 for sock, _ in poller.poll(wait_ms):
@@ -193,7 +194,7 @@ class Client:
 
     def wake_for_answers(self) -> None:
         """A handler thread started a batch of answers (see `_answers_waiting`): have
-        the I/O thread, which may sleep up to 200 ms, watch its deadline."""
+        the I/O thread, which may sleep up to IO_POLL_MS, watch its deadline."""
         with self._lock:
             if not self._closed:
                 self._outbox.send(b"A")
@@ -208,12 +209,12 @@ class Client:
         handlers queued before is forwarded first: an ack never overtakes its handler's
         reply or publish. Nothing is taken once close() has begun: it answers itself,
         before "bye"."""
+        wait = IO_POLL_MS / 1000
         if not self._answers_waiting:
-            return 200
-        wait = 0.2
+            return IO_POLL_MS
         with self._answers_lock:  # close() sets _ending under it: no answer after "bye"
             if self._ending:
-                return 200
+                return IO_POLL_MS
             due = []
             for worker in list(self._answers_waiting):
                 handled, deadline = worker.take_due(now)
@@ -223,20 +224,13 @@ class Client:
             if due:
                 while self._forward(self._outbox_in, dealer, sub) == wire.MAX_BATCH:
                     pass
-                self._send_answers(dealer, due)
+                rids, bodies = [], []
+                for delivery, error in due:
+                    op, fields = _answer(delivery, error)
+                    rids.append(next(self._rids))  # no future: its reply is dropped
+                    bodies.append(wire.encode_request(op, rids[-1], **fields)[1])
+                self._send(dealer, rids, bodies)
         return max(1, math.ceil(wait * 1000))
-
-    def _send_answers(self, dealer: zmq.Socket, due: list[tuple[Delivery, str | None]]) -> None:
-        bodies = []
-        for delivery, error in due:
-            op, fields = _answer(delivery, error)
-            bodies.append(wire.encode_request(op, next(self._rids), **fields)[1])
-        for _, body in wire.frames(bodies, self._batch_limit):
-            try:
-                send_parts(dealer, [wire.MAGIC, body], NOBLOCK)
-            except zmq.ZMQError as exc:  # EAGAIN: the broker is unreachable
-                log.warning("acks not sent, their messages stay held (pending): %s", exc)
-                return
 
     def _expire(self, now: float) -> None:
         """Fail the requests whose deadline passed: no future waits forever, not even
@@ -294,20 +288,30 @@ class Client:
             elif kind == b"S":  # subscribe the signal socket to a prefix
                 sub.setsockopt(zmq.SUBSCRIBE, item[1:])
             # b"A": answers wait; the loop sets its next wake-up by their deadline
+        self._send(dealer, rids, bodies)
+        return taken
+
+    def _send(self, dealer: zmq.Socket, rids: list[int], bodies: list[bytes]) -> None:
+        """Send request bodies, as batch frames when the broker takes them. What the full
+        queue to an unreachable broker refuses fails its futures; what has none (signals
+        sent with wait=False: rid 0; answers) is dropped with a log line."""
         for part, body in wire.frames(bodies, self._batch_limit):
             try:
                 send_parts(dealer, [wire.MAGIC, body], NOBLOCK)
-            except zmq.ZMQError as exc:  # EAGAIN: the queue to an unreachable broker is full
+            except zmq.ZMQError as exc:  # EAGAIN
                 error = f"broker at {self.address} unreachable: {exc}"
-                quiet = 0
+                dropped = 0
                 for rid in rids[part.start : part.stop]:
-                    if rid:
+                    if rid in self._futures:
                         self._fail(rid, Unavailable(error))
                     else:
-                        quiet += 1
-                if quiet:
-                    log.warning("%d signals sent with wait=False dropped: %s", quiet, error)
-        return taken
+                        dropped += 1
+                if dropped:
+                    log.warning(
+                        "%d signals (wait=False) or acks dropped (acked messages stay held): %s",
+                        dropped,
+                        error,
+                    )
 
     def _receive(self, dealer: zmq.Socket) -> None:
         while True:
@@ -794,7 +798,7 @@ class _SubscriptionWorker:
         self.sub = result["sub"]
         credit = result.get("credit")
         if isinstance(credit, int):
-            self.answers_together = max(1, credit // 4)
+            self.answers_together = answers_together(credit)
         if self.thread.ident is None:  # a renewed subscription keeps its thread
             self.thread.start()
 
@@ -859,6 +863,11 @@ class _SubscriptionWorker:
             log.warning("handler failed on %s: %r", delivery.id, exc)
             return f"handler error: {type(exc).__name__}: {exc}"[:1000]
         return None
+
+
+def answers_together(credit: int) -> int:
+    """How many answers of a subscription with this credit may wait to leave together."""
+    return max(1, credit // 4)
 
 
 def _answer(delivery: Delivery, error: str | None) -> tuple[str, dict[str, Any]]:

@@ -71,6 +71,11 @@ def park_io_thread(client: Client) -> threading.Event:
     return release
 
 
+def depth(client: Client, subject: str) -> int:
+    """How many messages wait in an endpoint's new/, as `status` reports it."""
+    return next(e["depth"] for e in client.status()["endpoints"] if e["subject"] == subject)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:

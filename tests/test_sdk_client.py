@@ -12,13 +12,14 @@ import threading
 
 import pytest
 
+from broker.control import DEFAULT_CONFIG
 from sdk import client as client_module
 from sdk import wire
 from sdk.client import Delivery, _SubscriptionWorker, connect
 from sdk.errors import Unavailable
 from sdk.ids import new_id
 from sdk.types import Envelope, Signal, SignalType, StandardPayload
-from tests.harness import wait_for
+from tests.harness import depth, wait_for
 from tests.test_types import make_envelope
 
 pytestmark = pytest.mark.integration
@@ -30,10 +31,6 @@ SENDER = "relay.agent.demo.cli"
 
 def in_new(maildir: str) -> list[str]:
     return sorted(name.split(",")[0] for name in os.listdir(os.path.join(maildir, "new")))
-
-
-def depth(client, subject: str) -> int:
-    return next(e["depth"] for e in client.status()["endpoints"] if e["subject"] == subject)
 
 
 def client_threads() -> list[threading.Thread]:
@@ -206,6 +203,16 @@ def test_a_bad_item_in_a_run_of_signals_costs_only_itself(broker):
     assert seen == ["a", "b"]
 
 
+@pytest.fixture
+def slow_acks(monkeypatch):
+    """Answers wait a minute for their deadline: only their count, or close(), sends them."""
+    monkeypatch.setattr(client_module, "ACK_DELAY_S", 60.0)
+
+
+def pending_ids(client) -> list[str]:
+    return [p["id"] for p in client.pending(A)]
+
+
 class _Recorder:
     """Stands in for the Client a subscription worker answers through: records order."""
 
@@ -237,8 +244,8 @@ def _worker_after_burst(subscribe_result: dict, burst: int) -> list[str]:
     return recorder.events
 
 
-def test_answers_to_a_burst_leave_together_a_quarter_of_the_credit_at_a_time(monkeypatch):
-    monkeypatch.setattr(client_module, "ACK_DELAY_S", 60.0)  # only the count decides here
+def test_answers_to_a_burst_leave_together_a_quarter_of_the_credit_at_a_time(slow_acks):
+    # With the delay out of the way, only the count decides here.
     events = _worker_after_burst({"sub": 1, "credit": 16}, burst=6)
     handled = [f"handled m{n}" for n in range(6)]
     acks = [f"ack m{n}" for n in range(6)]
@@ -255,7 +262,8 @@ def test_without_room_to_wait_each_message_is_answered_at_once(result):
 def test_the_subscribe_reply_says_the_credit_granted(broker):
     sock = broker.raw_dealer()
     try:
-        for rid, fields, credit in ((1, {"credit": 7}, 7), (2, {}, 64)):
+        default = DEFAULT_CONFIG["limits"]["defaultCredit"]
+        for rid, fields, credit in ((1, {"credit": 7}, 7), (2, {}, default)):
             sock.send_multipart(wire.encode_request("subscribe", rid, pattern=A, **fields))
             reply = wire.decode_incoming(sock.recv_multipart())
             assert reply.ok and reply.result["credit"] == credit
@@ -263,9 +271,8 @@ def test_the_subscribe_reply_says_the_credit_granted(broker):
         sock.close(0)
 
 
-def test_close_sends_the_answers_of_messages_already_handled(broker, monkeypatch):
+def test_close_sends_the_answers_of_messages_already_handled(broker, slow_acks):
     """Answers wait a few ms to leave together; closing the client sends them first."""
-    monkeypatch.setattr(client_module, "ACK_DELAY_S", 60.0)  # only close() sends them
     watcher = broker.client()
     watcher.register_endpoint(A)
     handled = []
@@ -296,7 +303,7 @@ def test_answers_leave_within_the_delay_while_the_handler_is_busy_with_a_slow_me
     try:
         wait_for(lambda: len(handled) == 2, what="the second message in its handler")
         wait_for(
-            lambda: [p["id"] for p in watcher.pending(A)] == [second],
+            lambda: pending_ids(watcher) == [second],
             what="the first message acked meanwhile",
         )
     finally:
@@ -305,8 +312,7 @@ def test_answers_leave_within_the_delay_while_the_handler_is_busy_with_a_slow_me
     assert handled == [first, second]
 
 
-def test_closing_the_client_from_a_handler_answers_what_was_handled_before(broker, monkeypatch):
-    monkeypatch.setattr(client_module, "ACK_DELAY_S", 60.0)  # only close() sends them
+def test_closing_the_client_from_a_handler_answers_what_was_handled_before(broker, slow_acks):
     watcher = broker.client()
     watcher.register_endpoint(A)
     client = broker.client()
@@ -322,7 +328,7 @@ def test_closing_the_client_from_a_handler_answers_what_was_handled_before(broke
     wait_for(lambda: len(seen) == 3, what="three messages handled")
     # The third was still in its handler when the client closed: it stays held.
     wait_for(
-        lambda: [p["id"] for p in watcher.pending(A)] == [ids[2]],
+        lambda: pending_ids(watcher) == [ids[2]],
         what="the first two acked, the third pending",
     )
 

@@ -22,7 +22,7 @@ from sdk.curve import create_certificate
 from sdk.errors import NotAuthorized, SenderNotAllowed
 from sdk.subjects import endpoint_hash
 from sdk.types import AccessRule, RuleAction, Signal, SignalType
-from tests.harness import Broker, signals_flowing, wait_for
+from tests.harness import Broker, depth, signals_flowing, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -133,10 +133,6 @@ def test_narrowing_what_a_key_receives_ends_its_live_subscription(tcp_broker):
     assert seen == ["before"]
     with pytest.raises(NotAuthorized, match="may receive nothing"):
         client.subscribe(inbox, lambda envelope: None)
-
-
-def depth(client, subject: str) -> int:
-    return next(e["depth"] for e in client.status()["endpoints"] if e["subject"] == subject)
 
 
 def test_auth_consume_names_what_an_identity_receives(broker):

@@ -590,8 +590,11 @@ def test_a_signal_message_is_one_signal_or_a_run_of_them():
             wire.decode_signals(broken)
 
 
+GOOD_SIGNAL = {"type": "typing", "state": "on", "endpointSubject": "a.b", "timestamp": 5}
+
+
 def test_checked_wire_is_from_wire_then_to_wire_without_the_object():
-    good = {"type": "typing", "state": "on", "endpointSubject": "a.b", "timestamp": 5}
+    good = GOOD_SIGNAL
     for d in (good, {**good, "data": {"n": 1}}, {**good, "data": None}):
         assert Signal.checked_wire(d) == Signal.from_wire(d).to_wire()
     assert "extra" not in Signal.checked_wire({**good, "extra": 1})
@@ -615,7 +618,7 @@ def test_checked_wire_is_from_wire_then_to_wire_without_the_object():
     ],
 )
 def test_a_signal_map_one_field_off_is_refused_with_the_same_error_either_way(change):
-    good = {"type": "typing", "state": "on", "endpointSubject": "a.b", "timestamp": 5}
+    good = GOOD_SIGNAL
     with pytest.raises((InvalidMessage, InvalidSubject)) as from_wire:
         Signal.from_wire({**good, **change})
     with pytest.raises(type(from_wire.value)) as checked:
