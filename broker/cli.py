@@ -368,17 +368,31 @@ def cmd_rebuild_index(args: argparse.Namespace) -> int:
     return 0
 
 
+def _put_setting(partial: dict[str, Any], item: str) -> bool:
+    """Add one ``section.key=value`` to ``partial``; False if ``item`` is not one."""
+    key, _, value = item.partition("=")
+    # Every dot nests, so the seeds' reliability.rateLimit.maxPerWindow works as well as
+    # rateLimit.maxPerWindow (broker/control.py, RELIABILITY).
+    path = key.split(".")
+    *sections, name = path
+    if not sections or not all(path):
+        return False
+    for section in sections:
+        partial = partial.setdefault(section, {})
+        if not isinstance(partial, dict):  # a.b=1 a.b.c=2: b cannot be both
+            return False
+    partial[name] = _payload(value)
+    return True
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     with _client(args) as client:
         if args.action == "set":
             partial: dict[str, Any] = {}
             for item in args.settings:
-                key, _, value = item.partition("=")
-                section, _, name = key.partition(".")
-                if not name:
+                if not _put_setting(partial, item):
                     print(f"expected section.key=value, got {item!r}", file=sys.stderr)
                     return 2
-                partial.setdefault(section, {})[name] = _payload(value)
             config = client.set_config(partial)
         else:
             config = client.get_config()

@@ -20,6 +20,9 @@ Decisions:
   the defaults of the running version. Dict-valued settings (``perSenderOverrides``) are
   leaves: setting one replaces the whole mapping. Rows for keys this version does not
   know are ignored on read.
+- Config is accepted in two layouts: Relay's flat one and the seeds', which nests
+  rateLimit, circuitBreaker and backpressure under ``reliability``. It is stored and read
+  back flat; one section given in both places is refused.
 """
 
 from __future__ import annotations
@@ -177,26 +180,56 @@ CONFIG_SCHEMA: dict[str, dict[str, _Check]] = {
 }
 
 
+# The seeds' config.json (DorkOS's relay) nests these three sections under "reliability",
+# with the same field names inside; Relay's own layout has them at the top. Both are
+# accepted, so a file written for the seeds works here unchanged.
+RELIABILITY = "reliability"
+RELIABILITY_SECTIONS = ("rateLimit", "circuitBreaker", "backpressure")
+
+
+def _sections(partial: Mapping[str, Any]) -> Iterator[tuple[str, str, Any]]:
+    """``(where it was written, section, values)`` for each section, in either layout."""
+    for key, values in partial.items():
+        if key != RELIABILITY:
+            yield key, key, values
+            continue
+        if not isinstance(values, Mapping):
+            raise InvalidConfig(f"config key {key!r} must be an object, got {values!r:.60}")
+        for section, inner in values.items():
+            where = f"{RELIABILITY}.{section}"
+            if section not in RELIABILITY_SECTIONS:
+                raise InvalidConfig(
+                    f"unknown config key {where!r}; known: {', '.join(RELIABILITY_SECTIONS)}"
+                )
+            # Which of the two would win is a guess the writer should not have to make.
+            if section in partial:
+                raise InvalidConfig(
+                    f"config key {section!r} is given twice, at the top and as {where!r}; "
+                    "write it in one place"
+                )
+            yield where, section, inner
+
+
 def validate_config(partial: object) -> dict[str, Any]:
-    """Check a partial config; return its leaves as ``{"section.name": value}``."""
+    """Check a partial config, in either layout (`RELIABILITY`); return its leaves as
+    ``{"section.name": value}``, the one layout stored and read back."""
     if not isinstance(partial, Mapping):
         raise InvalidConfig(f"config must be an object, got {partial!r:.60}")
     leaves: dict[str, Any] = {}
-    for section, values in partial.items():
+    for where, section, values in _sections(partial):
         schema = CONFIG_SCHEMA.get(section)
         if schema is None:
-            raise InvalidConfig(
-                f"unknown config key {section!r}; known: {', '.join(CONFIG_SCHEMA)}"
-            )
+            known = ", ".join([*CONFIG_SCHEMA, RELIABILITY])
+            raise InvalidConfig(f"unknown config key {where!r}; known: {known}")
         if not isinstance(values, Mapping):
-            raise InvalidConfig(f"config key {section!r} must be an object, got {values!r:.60}")
+            raise InvalidConfig(f"config key {where!r} must be an object, got {values!r:.60}")
         for name, value in values.items():
             check = schema.get(name)
             if check is None:
                 raise InvalidConfig(
-                    f"unknown config key '{section}.{name}'; known: {', '.join(schema)}"
+                    f"unknown config key '{where}.{name}'; known: {', '.join(schema)}"
                 )
-            leaves[f"{section}.{name}"] = check(f"{section}.{name}", value)
+            leaves[f"{section}.{name}"] = check(f"{where}.{name}", value)
     return leaves
 
 

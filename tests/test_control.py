@@ -298,6 +298,22 @@ INVALID_CONFIGS = {
         {"limits": {"defaultCredit": 2000}},
         "limits.defaultCredit (2000) must not exceed limits.maxCredit (1024)",
     ),
+    "reliability-not-object": (
+        {"reliability": 5},
+        "config key 'reliability' must be an object",
+    ),
+    "reliability-unknown-section": (
+        {"reliability": {"limits": {"maxCredit": 10}}},
+        "unknown config key 'reliability.limits'; known: rateLimit, circuitBreaker, backpressure",
+    ),
+    "reliability-bad-value": (
+        {"reliability": {"backpressure": {"maxMailboxSize": -1}}},
+        "reliability.backpressure.maxMailboxSize must be an int >= 0",
+    ),
+    "both-layouts-for-one-section": (
+        {"backpressure": {"enabled": True}, "reliability": {"backpressure": {"enabled": False}}},
+        "config key 'backpressure' is given twice, at the top and as 'reliability.backpressure'",
+    ),
 }
 
 
@@ -334,6 +350,34 @@ def test_replace_config_resets_what_it_leaves_out(control: ControlPlane) -> None
     assert result["rateLimit"]["maxPerWindow"] == 100
     assert result["limits"] == DEFAULT_CONFIG["limits"]
     assert result["backpressure"]["enabled"] is False
+    assert control.get_config() == result
+
+
+# The seeds' config.json nests the three reliability sections under "reliability".
+SEEDS_CONFIG = {
+    "reliability": {
+        "rateLimit": {"maxPerWindow": 20, "perSenderOverrides": {"relay.agent.": 50}},
+        "circuitBreaker": {"failureThreshold": 3, "cooldownMs": 5000},
+        "backpressure": {"maxMailboxSize": 200, "pressureWarningAt": 0.5},
+    },
+    "limits": {"defaultCredit": 8},  # a section only the flat layout has, alongside
+}
+
+
+@pytest.mark.parametrize("change", ["replace_config", "set_config"])
+def test_the_seeds_reliability_layout_is_accepted_and_read_back_flat(
+    control: ControlPlane, change: str
+) -> None:
+    result = getattr(control, change)(SEEDS_CONFIG)
+    assert "reliability" not in result
+    assert result["rateLimit"]["maxPerWindow"] == 20
+    assert result["rateLimit"]["perSenderOverrides"] == {"relay.agent.": 50}
+    assert result["rateLimit"]["windowSecs"] == 60  # left out: default
+    assert result["circuitBreaker"]["failureThreshold"] == 3
+    assert result["circuitBreaker"]["cooldownMs"] == 5000
+    assert result["backpressure"]["maxMailboxSize"] == 200
+    assert result["backpressure"]["pressureWarningAt"] == 0.5
+    assert result["limits"]["defaultCredit"] == 8
     assert control.get_config() == result
 
 

@@ -155,6 +155,33 @@ def test_a_config_file_edit_changes_a_limit_live(broker):
     assert client.get_config()["rateLimit"]["maxPerWindow"] == 1  # last good stays
 
 
+def test_the_seeds_config_file_layout_is_applied_live(broker):
+    client = broker.client()
+    seeds = {
+        "reliability": {
+            "rateLimit": {"maxPerWindow": 7},
+            "circuitBreaker": {"failureThreshold": 3},
+            "backpressure": {"maxMailboxSize": 50},
+        }
+    }
+    (broker.home.root / "config.json").write_text(json.dumps(seeds))
+    wait_for(
+        lambda: client.get_config()["rateLimit"]["maxPerWindow"] == 7,
+        what="the seeds' config.json to take effect",
+    )
+    assert "config.json" not in client.status()["fileErrors"]
+    config = client.get_config()
+    assert "reliability" not in config  # read back in Relay's own layout
+    assert config["circuitBreaker"]["failureThreshold"] == 3
+    assert config["backpressure"]["maxMailboxSize"] == 50
+
+
+def test_relay_config_set_takes_the_seeds_dotted_path(broker):
+    done = broker.relay("config", "set", "reliability.backpressure.maxMailboxSize=9")
+    assert done.returncode == 0, done.stderr
+    assert broker.client().get_config()["backpressure"]["maxMailboxSize"] == 9
+
+
 def test_a_corrupt_rules_file_denies_until_fixed(broker):
     client = broker.client()
     info = client.register_endpoint(A)
