@@ -12,13 +12,13 @@ malformed frame costs one error reply and nothing else.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
-from sdk.errors import MalformedFrame, RelayError, UnsupportedVersion, from_code
+from sdk.errors import InvalidMessage, MalformedFrame, RelayError, UnsupportedVersion, from_code
 
 PROTOCOL_VERSION = 1
 MAGIC = b"RLY1"
@@ -105,8 +105,49 @@ def unpackb(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=True, **_UNPACK_LIMITS)
 
 
+# What msgpack raises for a value it cannot encode: TypeError (an object, a set),
+# OverflowError (an int beyond 64 bits), ValueError (a cycle: "recursion limit exceeded").
+_PACK_ERRORS = (TypeError, ValueError, OverflowError)
+
+
 def encode_request(op: str, rid: int, **fields: Any) -> list[bytes]:
-    return [MAGIC, packb({"op": op, "rid": rid, **fields})]
+    """The frames of a request; `InvalidMessage` naming the part of ``fields`` msgpack
+    cannot encode (an object, a set, an int beyond 64 bits). Every SDK request is
+    encoded here, before anything is queued, so a bad value costs only its call."""
+    try:
+        return [MAGIC, packb({"op": op, "rid": rid, **fields})]
+    except _PACK_ERRORS as exc:
+        where = _unencodable(fields, f"{op} request")
+        raise InvalidMessage(
+            f"{where} cannot be encoded: {exc}; values must be maps, lists, strings, "
+            "bytes, numbers (ints of at most 64 bits), booleans or None"
+        ) from None
+
+
+_MAX_PATH_DEPTH = 10  # how deep the path in an error goes (a cyclic value has no end)
+
+
+def _unencodable(value: Any, path: str, depth: int = 0) -> str:
+    """The path (``publish request['payload']['x']``) to the first part of ``value`` that
+    msgpack cannot encode; only ever walked once encoding has failed."""
+    if isinstance(value, dict):
+        items: Iterable[tuple[Any, Any]] = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return path
+    for key, item in items:
+        if depth < _MAX_PATH_DEPTH and not _encodes(item):
+            return _unencodable(item, f"{path}[{key!r}]", depth + 1)
+    return path
+
+
+def _encodes(value: Any) -> bool:
+    try:
+        packb(value)
+    except _PACK_ERRORS:
+        return False
+    return True
 
 
 def _check_magic(frame: bytes) -> None:

@@ -16,7 +16,7 @@ from broker.control import DEFAULT_CONFIG
 from sdk import client as client_module
 from sdk import wire
 from sdk.client import Delivery, _SubscriptionWorker, connect
-from sdk.errors import Unavailable
+from sdk.errors import InvalidMessage, Unavailable
 from sdk.ids import new_id
 from sdk.types import Envelope, Signal, SignalType, StandardPayload
 from tests.harness import depth, wait_for
@@ -193,6 +193,25 @@ def test_standard_payload_is_published_as_its_wire_dict(broker):
         assert json.load(f)["payload"] == wire
 
 
+def test_an_unencodable_value_is_refused_before_sending_and_the_client_goes_on(broker):
+    client = broker.client()
+    info = client.register_endpoint(A)
+    with pytest.raises(InvalidMessage, match=r"\['payload'\]\['x'\] cannot.*'object'") as err:
+        client.publish(A, {"x": object()}, sender=SENDER)
+    assert err.value.code == "invalid_message"
+    signal = Signal(SignalType.PROGRESS, "busy", A, 1, data={"done": {1, 2}})
+    for wait in (True, False):  # with and without a round trip
+        with pytest.raises(InvalidMessage, match=r"\['data'\]\['done'\] cannot.*'set'"):
+            client.signal(A, signal, sender=SENDER, wait=wait)
+    with pytest.raises(InvalidMessage, match=r"\['rateLimit'\]\['maxPerWindow'\] cannot"):
+        client.set_config({"rateLimit": {"maxPerWindow": 2**64}})
+    # nothing reached the broker, and the same client goes on
+    good = client.publish(A, {"x": 1}, sender=SENDER)
+    assert good.delivered_to == 1
+    assert in_new(info.maildir_path) == [good.message_id]
+    assert client.get_config()["rateLimit"]["maxPerWindow"] == 100
+
+
 def test_a_bad_item_in_a_run_of_signals_costs_only_itself(broker):
     client = broker.client()
     seen: list[str] = []
@@ -230,6 +249,7 @@ class _Recorder:
 def _worker_after_burst(subscribe_result: dict, burst: int) -> list[str]:
     """A worker whose queue already holds ``burst`` messages when it starts."""
     recorder = _Recorder()
+
     def handler(envelope: Envelope) -> None:
         recorder.events.append(f"handled {envelope.payload}")
 
