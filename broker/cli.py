@@ -25,7 +25,7 @@ from typing import Any
 from sdk.client import Client, connect
 from sdk.curve import load_public
 from sdk.errors import RelayError
-from sdk.paths import Home
+from sdk.paths import Home, write_private
 from sdk.types import AccessRule, Envelope, Signal
 
 DEFAULT_SHARDS = 2
@@ -456,7 +456,7 @@ def cmd_auth(args: argparse.Namespace) -> int:
         return 0
     if args.action != "list":
         AuthPolicy.from_json(data, home.owner_uid)  # refuse to write what the router would refuse
-        _write_private(home.auth_file, json.dumps(data, indent=2) + "\n")
+        write_private(home.auth_file, json.dumps(data, indent=2) + "\n")
     listed = [(f"uid {u}", v) for u, v in uids.items()] + [(f"key {k}", v) for k, v in keys.items()]
     rows = []
     for who, v in listed:
@@ -466,17 +466,6 @@ def cmd_auth(args: argparse.Namespace) -> int:
     print(_table(rows, ["who", "name", "may send as", "may receive", "admin"]))
     print(f"(uid {home.owner_uid}, the broker's owner, is admitted with every right unless listed)")
     return 0
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Atomically, 0600: the router's inotify sees one complete file (MOVED_TO)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def cmd_ops(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ below it is private to the user that runs the broker.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -15,6 +16,27 @@ UNROUTABLE = "_unroutable"  # mailbox of publishes that matched no endpoint (sha
 
 def default_home() -> Path:
     return Path(os.environ.get("RELAY_HOME") or DEFAULT_HOME).expanduser()
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``path`` whole, atomically, mode 0600 (the umask can only narrow it).
+
+    Through a temporary file renamed into place: a reader (the router's inotify sees
+    MOVED_TO) never finds it half-written, and a file left by an earlier run is
+    replaced, mode and all, not rewritten in place with the mode it had. The temporary
+    name is the writer's own, so two writers never share one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
 
 
 class Home:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -70,6 +72,7 @@ def test_a_key_receives_only_the_endpoints_it_may_consume(tcp_broker):
     other = "relay.agent.other.inbox"
     ops.register_endpoint(other)
     client.register_endpoint(f"{PROJ_A}.inbox")
+
     def refuse_some(envelope) -> None:
         if envelope.payload == "nack me":
             raise ValueError("refused")
@@ -378,3 +381,21 @@ def test_another_local_user_is_refused_unless_allowed_and_then_limited_to_its_se
         10,
         what="uid 65534 to be admitted with its own senders only",
     )
+
+
+@pytest.fixture
+def no_umask() -> Iterator[None]:
+    """Processes started meanwhile create files with exactly the mode they ask for: a
+    file left to the default mode shows as 0666, not hidden by a umask of 022 or 077."""
+    old = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def test_pid_files_are_owner_only_whatever_the_umask(no_umask, broker):  # no_umask first
+    pid_files = sorted(broker.home.run.glob("*.pid"))
+    assert [p.name for p in pid_files] == ["router.pid", "writer-0.pid", "writer-1.pid"]
+    for path in pid_files:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path

@@ -14,6 +14,8 @@ import signal
 from pathlib import Path
 from typing import Protocol
 
+from sdk.paths import write_private
+
 
 class Service(Protocol):
     stopping: bool
@@ -31,7 +33,7 @@ def run_until_stopped(service: Service, pid_file: Path) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    pid_file.write_text(str(os.getpid()))
+    write_private(pid_file, str(os.getpid()))  # 0600, like every file in the data directory
     try:
         service.start()
         service.serve()
