@@ -45,7 +45,7 @@ from ops.live import (
     rows_table,
 )
 from ops.progress import Progress
-from sdk.paths import UNROUTABLE, Home
+from sdk.paths import UNROUTABLE, Home, write_private
 from workers.index import COLUMNS
 
 BUCKETS_MS = {"minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
@@ -430,8 +430,9 @@ def write_outputs(doc: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     stamp = datetime.fromtimestamp(doc["generatedAt"] / 1000, UTC).strftime("%Y%m%dT%H%M%SZ")
     json_path = out_dir / f"metrics-{stamp}.json"
     html_path = out_dir / f"metrics-{stamp}.html"
-    json_path.write_text(json.dumps(doc, indent=1))
-    html_path.write_text(render_html(doc))
+    # 0600: the report names senders and endpoints, like the mail it counts
+    write_private(json_path, json.dumps(doc, indent=1))
+    write_private(html_path, render_html(doc))
     return json_path, html_path
 
 

@@ -43,6 +43,9 @@ DEFAULTS = {
     # The archive's `day` partitions stay strings ("2026-11-18"), whoever reads them.
     "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
     "spark.sql.parquet.compression.codec": "zstd",
+    # Hadoop's own umask, not the process's: without it the archive (copies of messages)
+    # is written 0644 in 0755 directories, where every file Relay makes is 0600.
+    "spark.hadoop.fs.permissions.umask-mode": "077",
     # Local mode runs everything in the driver: metrics over 10 M rows ran out of a
     # 1 GiB heap (bench_ops). The heap is a ceiling, not a reservation.
     "spark.driver.memory": "4g",

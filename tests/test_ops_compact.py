@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -140,6 +141,16 @@ def test_retention_is_configurable(spark, home):
         or (r.state is State.FAILED and r.finished_at < NOW - 40 * DAY)
     }
     assert {(r.id, r.endpoint) for r in archive_rows(spark, home)} == expected
+
+
+def test_the_archive_is_owner_only(spark, home):
+    generate(home, NOW, Spec(copies=300, endpoints=2, seed=5))
+    compact(spark, CompactOptions(home=home, now_ms=NOW))
+    made = [Path(d, n) for d, dirs, files in os.walk(home.archive) for n in dirs + files]
+    assert any(p.suffix == ".parquet" for p in made)
+    # Parquet, its .crc checksums, the runs' progress files, and the directories
+    wide = [f"{oct(stat.S_IMODE(p.stat().st_mode))} {p}" for p in made if p.stat().st_mode & 0o077]
+    assert wide == []
 
 
 class Crash(Exception):

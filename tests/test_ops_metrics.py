@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import stat
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 from broker.cli import main as relay_main
 from broker.rejections import RejectionLog
 from ops.compact import CompactOptions, compact
+from ops.metrics import write_outputs
 from ops.sample import Spec, generate
 from ops.session import spark_session
 from sdk.paths import UNROUTABLE, Home
@@ -162,3 +164,9 @@ def test_the_html_report_is_self_contained_with_plots_and_tables(report):
     for subject in (s["subject"] for s in doc["bySubject"]):
         assert subject in page
     assert page.count("<table>") >= 6
+
+
+def test_the_report_files_are_owner_only(report, tmp_path):
+    _, doc, _ = report
+    for path in write_outputs(doc, tmp_path / "reports"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
