@@ -74,6 +74,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         + ", ".join(f"{n}={p.pid}" for n, p in procs.items()),
         flush=True,
     )
+    threading.Thread(
+        target=_say_ready, args=(home, args.address, stopping), name="ready", daemon=True
+    ).start()
     exit_code = 0
     while not stopping.wait(0.2):
         for name, proc in procs.items():
@@ -98,6 +101,20 @@ def cmd_up(args: argparse.Namespace) -> int:
             proc.kill()
             proc.wait()
     return exit_code
+
+
+def _say_ready(home: Home, address: str | None, stopping: threading.Event) -> None:
+    """Print "ready" once the router answers and every writer has said hello to it: a
+    script that waits for that line can publish at once."""
+    while not stopping.wait(0.1):
+        try:
+            with connect(home.root, address=address, timeout=1.0) as client:
+                writers = client.status()["writers"]
+        except RelayError:
+            continue
+        if all(w.get("state") == "up" for w in writers):
+            print(f"relay up: ready ({len(writers)} writers up)", flush=True)
+            return
 
 
 # ---------------------------------------------------------------------- operator tools

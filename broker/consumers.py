@@ -79,6 +79,10 @@ class Consumers:
         self._observers: Sublist[int] = Sublist()
         self._next_sub = 1
         self._turn = 0
+        # Subscriptions whose credit came back since the router last fed them: with a
+        # wildcard they may take what waits in any endpoint they match, not only in the
+        # one whose message they finished.
+        self._refilled: set[int] = set()
 
     def touch(self, identity: bytes, now_ms: int, user: str | None = None) -> Session:
         session = self.sessions.get(identity)
@@ -158,7 +162,19 @@ class Consumers:
         if held is None:
             return None
         sub_id, sender = held
-        sub = self.subs.get(sub_id)
-        if sub is not None:
-            sub.inflight -= 1
+        self.give_back(sub_id)
         return sender
+
+    def give_back(self, sub_id: int | None) -> None:
+        """One unit of a subscription's credit returns: a message of it was finished, or a
+        claim for it handed nothing out."""
+        sub = self.subs.get(sub_id) if sub_id is not None else None
+        if sub is not None:
+            sub.inflight = max(0, sub.inflight - 1)
+            self._refilled.add(sub.id)
+
+    def take_refilled(self) -> list[Subscription]:
+        """The live subscriptions that got credit back since the last call, with credit."""
+        refilled, self._refilled = self._refilled, set()
+        subs = (self.subs.get(i) for i in sorted(refilled))
+        return [s for s in subs if s is not None and s.has_credit]

@@ -39,6 +39,7 @@ from broker.rules import RuleSet
 from broker.signal_out import SignalOutbox
 from broker.sublist import Sublist
 from broker.watch import AUTH_FILE, CONFIG_FILE, RULES_FILE, FileWatch
+from broker.writer_links import WriterLinks
 from broker.zap import ZapHandler, message_user, secure
 from sdk import wire
 from sdk.errors import (
@@ -59,7 +60,7 @@ from sdk.errors import (
 from sdk.ids import check_id, is_id, new_id
 from sdk.paths import UNROUTABLE, Home
 from sdk.sockets import NOBLOCK, send_parts
-from sdk.subjects import has_wildcards, validate
+from sdk.subjects import has_wildcards, matches, validate
 from sdk.types import (
     AccessRule,
     Budget,
@@ -163,7 +164,14 @@ class Router:
         self._put_backs: dict[int, tuple[str, str]] = {}
         # Copies decided while reading the client socket, per shard, sent after the pass.
         self._outgoing: dict[int, list[tuple[proto.DeliveryHeader, bytes]]] = {}
-        self.writers: dict[int, int] = {}  # shard -> pid, from hello
+        # Work for a shard whose writer is expected but not up (starting, restarting):
+        # sent at its hello, or answered `unavailable` at the request's deadline.
+        self._parked_copies: dict[int, list[tuple[proto.DeliveryHeader, bytes]]] = {}
+        self._parked_ops: dict[int, list[tuple[int, list[bytes]]]] = {}
+        # Endpoints with messages in new/ that no consumer had credit for, least recently
+        # served first (an ordered set): where credit that comes back goes (_feed).
+        self._starved: dict[str, None] = {}
+        self._ready = False  # every writer has said hello once
         self._replies: dict[bytes, list[bytes]] = {}  # client -> reply bodies to batch
         self._signals_out = SignalOutbox()  # sent at the end of each pass
         self._tokens = itertools.count(1)
@@ -180,15 +188,7 @@ class Router:
         self.signals = self._socket(zmq.XPUB)
         secure(self.clients, self.address, home.keys)
         secure(self.signals, self.signals_address, home.keys)
-        self.to_writers = [self._socket(zmq.PUSH) for _ in range(shards)]
-        for sock in self.to_writers:
-            # Bounded by the per-client in-flight limit; EAGAIN means the writer is gone.
-            sock.setsockopt(zmq.SNDHWM, 100_000)
-        # A writer that goes away is marked down at once (status, readiness).
-        self._writer_monitors = {
-            sock.get_monitor_socket(zmq.EVENT_DISCONNECTED): shard
-            for shard, sock in enumerate(self.to_writers)
-        }
+        self.links = WriterLinks(self.ctx, shards)
         self.from_writers = self._socket(zmq.PULL)
 
     def _socket(self, kind: int) -> zmq.Socket:
@@ -204,8 +204,7 @@ class Router:
             self._bind(self.clients, self.address)
             self._bind(self.signals, self.signals_address)
             self._bind(self.from_writers, self.home.results_address)
-            for shard, sock in enumerate(self.to_writers):
-                self._bind(sock, self.home.shard_address(shard))
+            self._bound += self.links.bind(self.home.shard_address)
         finally:
             os.umask(old)
         for info in self.control.list_endpoints():
@@ -230,13 +229,16 @@ class Router:
         if info.hash not in self.queues:
             # Seed from the Maildir itself (the truth): what waits in new/, oldest first.
             self.queues[info.hash] = EndpointQueue(waiting=deque(self._waiting_in(info.hash)))
+            self._dispatch(info.hash)
 
     def serve(self) -> None:
         poller = zmq.Poller()
         poller.register(self.clients, zmq.POLLIN)
         poller.register(self.from_writers, zmq.POLLIN)
-        for monitor in self._writer_monitors:
+        for monitor in self.links.monitors:  # a writer that goes away is down at once
             poller.register(monitor, zmq.POLLIN)
+        for sock in self.links.sockets:
+            poller.register(sock, zmq.POLLIN)
         poller.register(self.watch.fileno(), zmq.POLLIN)
         poller.register(self.zap.socket, zmq.POLLIN)
         poller.register(self.signals, zmq.POLLIN)
@@ -252,15 +254,23 @@ class Router:
                 self.zap.handle()
             if self.signals in events:
                 self._drain(self.signals, lambda frames: self._signals_out.subscription(frames[0]))
-            for monitor, shard in self._writer_monitors.items():
-                if monitor in events:
-                    monitor.recv_multipart()
+            # Disconnects before hellos: a descriptor's close is reported before a new
+            # connection can reuse it (broker/writer_links.py).
+            for monitor in self.links.monitors:
+                if monitor in events and (shard := self.links.gone(monitor)) is not None:
                     self._writer_gone(shard)
+            for shard in self.links.take_lost():
+                self._writer_gone(shard)
+            for shard, sock in enumerate(self.links.sockets):
+                if sock in events and self.links.on_hello(shard, now_ms()) is not None:
+                    self._writer_up(shard)
             if self.from_writers in events:
                 self._drain(self.from_writers, self._on_writer)
             if self.clients in events:
                 self._drain_clients()
-                self._flush_deliveries()
+            for sub in self.consumers.take_refilled():
+                self._feed(sub, self._starved_for(sub))
+            self._flush_deliveries()
             now = now_ms()
             if now >= next_sweep:
                 self._sweep(now)
@@ -293,15 +303,8 @@ class Router:
         self.rejections.close()
         self.control.close()
         self.watch.close()
-        for sock in self.to_writers:
-            sock.disable_monitor()
-        for sock in (
-            *self._writer_monitors,
-            self.clients,
-            self.signals,
-            self.from_writers,
-            *self.to_writers,
-        ):
+        self.links.close()
+        for sock in (self.clients, self.signals, self.from_writers):
             sock.close(0)
         self.zap.close()
         self.ctx.term()
@@ -311,32 +314,47 @@ class Router:
                     os.unlink(address[len("ipc://") :])
 
     def _sweep(self, now: int) -> None:
+        expired = False
         for token, job in list(self.pending.items()):
             if job.deadline > now:
                 break  # insertion order is deadline order
+            expired = True
             self._forget(token)
+            if not job.copies:  # an operation fails as a whole
+                self._reply_error(job.client, job.rid, Unavailable(self._timed_out(job.shards)))
+                continue
+            # A publish: the copies stored are delivered, the others unavailable.
             for endpoint, copy in job.copies.items():
-                if endpoint not in job.outcomes:  # a writer never answered: a failure
+                if endpoint in job.outcomes:
+                    continue
+                shard = shard_of(endpoint, self.shards)
+                if self.links.is_up(shard):  # a writer that does not answer: a failure
                     self.reliability.outcome(copy, success=False, now=now)
-                    # Its consumer's credit comes back now; a late answer puts a copy
-                    # stored claimed back in new/ (_on_stored).
-                    self._release(self._pop_claim(job.message_id, endpoint))
-                    self._dispatch(endpoint)
-            shards = ", ".join(str(s) for s in sorted(job.shards)) or "?"
-            self._reply_error(
-                job.client,
-                job.rid,
-                Unavailable(
-                    f"writer for shard {shards} did not confirm within "
-                    f"{WRITER_DEADLINE_MS / 1000:g} s; is it running?"
-                ),
-            )
+                else:  # kept for a writer that never came: not its endpoint's fault
+                    self.reliability.never_tried(copy)
+                job.outcomes[endpoint] = ("unavailable", self._timed_out({shard}))
+                # Its consumer's credit comes back now; a late answer puts a copy stored
+                # claimed back in new/ (_on_stored).
+                self._release(self._settle_copy(job.message_id, endpoint))
+                self._dispatch(endpoint)
+            self._reply(job.client, wire.ok_body(job.rid, job.on_done(job)))
+        if expired:
+            self._drop_parked_of_finished_jobs()
         self.reliability.prune(now)
         for identity in self.consumers.expired(now):
             log.info(
                 "client %s silent for %d ms: session ended", identity.hex(), cons.SESSION_TIMEOUT_MS
             )
             self._end_session(identity)
+
+    def _timed_out(self, shards: set[int]) -> str:
+        waited = f"{WRITER_DEADLINE_MS / 1000:g} s"
+        down = sorted(s for s in shards if not self.links.is_up(s))
+        if down:
+            named = ", ".join(f"{s} ({self.links.state(s)})" for s in down)
+            return f"writer for shard {named} did not come up within {waited}; is it running?"
+        named = ", ".join(str(s) for s in sorted(shards)) or "?"
+        return f"writer for shard {named} did not confirm within {waited}"
 
     # ------------------------------------------------------------------ client side
 
@@ -506,27 +524,17 @@ class Router:
         writes = plan.writes
         if not writes:
             return self._publish_result(message_id, plan, {})
-        # Copies for a shard whose writer is down are reported, not sent; the rest go on.
-        outcomes: dict[str, tuple[str, str] | None] = {}
-        to_send: list[tuple[Copy, int]] = []
-        for copy in writes:
-            shard = shard_of(copy.endpoint, self.shards)
-            if shard in self.writers:
-                to_send.append((copy, shard))
-            else:
-                outcomes[copy.endpoint] = self._writer_down(copy, shard)
-        if not to_send:
-            return self._publish_result(message_id, plan, outcomes)
         job = self._new_job(
             session,
             req,
-            len(to_send),
+            len(writes),
             lambda job: self._publish_result(message_id, plan, job.outcomes),
         )
-        job.outcomes.update(outcomes)
         job.message_id = message_id
         token = self._register(job)
-        for copy, shard in to_send:
+        for copy in writes:
+            # A copy for a writer not up yet waits for it (_flush_deliveries).
+            shard = shard_of(copy.endpoint, self.shards)
             dead = copy.dead
             header = proto.DeliveryHeader(
                 token,
@@ -589,7 +597,8 @@ class Router:
         endpoint = copy.endpoint
         queue = self._queue(endpoint)
         info = self.by_hash.get(endpoint)
-        if info is not None and not (queue.depth or queue.storing or queue.requeuing):
+        idle = not (queue.depth or queue.storing or queue.requeuing)
+        if info is not None and idle and self.links.is_up(shard):
             sub = self.consumers.pick_consumer(info.subject)
             if sub is not None:
                 sub.inflight += 1
@@ -621,15 +630,20 @@ class Router:
 
     def _release(self, sub_id: int | None) -> None:
         """Give back the credit a claim that handed nothing out took."""
-        sub = self.consumers.subs.get(sub_id) if sub_id is not None else None
-        if sub is not None:
-            sub.inflight = max(0, sub.inflight - 1)
+        self.consumers.give_back(sub_id)
 
     def _flush_deliveries(self) -> None:
-        """Send the copies decided in this pass: one message per shard (protocol.deliver)."""
+        """Send the copies decided in this pass: one message per shard (protocol.deliver).
+
+        A shard whose writer is not up (starting, restarting) keeps its copies until the
+        writer's hello; one that is up and does not take them (its queue is full) fails
+        them now."""
         outgoing, self._outgoing = self._outgoing, {}
         for shard, items in outgoing.items():
-            if self._to_writer(shard, proto.deliver(items)):
+            if self.links.send(shard, proto.deliver(items)):
+                continue
+            if not self.links.is_up(shard):
+                self._park_copies(shard, items)
                 continue
             for header, _ in items:
                 token, endpoint = header.token, header.endpoint
@@ -639,11 +653,47 @@ class Router:
                     job.outcomes[endpoint] = self._writer_down(job.copies[endpoint], shard)
                     self._progress(token, job)
 
+    def _park_copies(self, shard: int, items: list[tuple[proto.DeliveryHeader, bytes]]) -> None:
+        """Keep copies for the shard's hello. One meant to be stored claimed goes to new/
+        instead: its consumer's credit comes back now, not after the writer's start."""
+        parked = self._parked_copies.setdefault(shard, [])
+        for header, data in items:
+            if header.target == proto.TARGET_CUR:
+                self._release(self._pop_claim(header.id, header.endpoint))
+                self._queue(header.endpoint).storing.add(header.id)
+                header = header._replace(target=proto.TARGET_NEW)
+            parked.append((header, data))
+
+    def _send_or_park(self, shard: int, token: int, frames: list[bytes]) -> bool:
+        """An operation for a shard's writer: sent, or kept for its hello while it is not
+        up. False when it is up and does not take it (its queue is full)."""
+        if self.links.send(shard, frames):
+            return True
+        if self.links.is_up(shard):
+            return False
+        self._parked_ops.setdefault(shard, []).append((token, frames))
+        return True
+
+    def _drop_parked_of_finished_jobs(self) -> None:
+        """Parked work whose request was answered meanwhile (its deadline passed) is never
+        sent: a publish answered `unavailable` must not be stored after all."""
+        for shard, items in self._parked_copies.items():
+            self._parked_copies[shard] = [(h, d) for h, d in items if self._awaited(h)]
+        for shard, ops in self._parked_ops.items():
+            self._parked_ops[shard] = [
+                (t, f) for t, f in ops if t in self.pending or t in self._put_backs
+            ]
+
+    def _awaited(self, header: proto.DeliveryHeader) -> bool:
+        """Whether a copy's publish still waits for it."""
+        job = self.pending.get(header.token)
+        return job is not None and header.endpoint not in job.outcomes
+
     def _writer_down(self, copy: Copy, shard: int) -> tuple[str, str]:
         """The outcome of a copy that never reached a writer: not a failure of its
         endpoint (the breaker does not count it)."""
         self.reliability.never_tried(copy)
-        return ("unavailable", f"writer for shard {shard} is not running")
+        return ("unavailable", f"writer for shard {shard} is not taking work (its queue is full)")
 
     def _publish_result(
         self, message_id: str, plan: PublishPlan, outcomes: dict[str, tuple[str, str] | None]
@@ -710,13 +760,25 @@ class Router:
             try:
                 digest = hashlib.sha256(path.read_bytes()).hexdigest()
             except FileNotFoundError:
-                continue  # a deleted file changes nothing
+                self._file_removed(name)
+                continue
             except OSError as exc:
                 digest = f"unreadable: {exc}"
             if only_if_changed and self.control.applied_digest(name) == digest:
                 continue
             if loaders[name]():
                 self.control.set_applied_digest(name, digest)
+
+    def _file_removed(self, name: str) -> None:
+        """A deleted file changes nothing, except that a refused one no longer counts: what
+        was last applied (control.db, kept through CLI and SDK changes) is in force again.
+        For the rules that ends the deny-everything a broken rules file meant."""
+        problem = self.file_errors.pop(name, None)
+        if problem is None:
+            return
+        if name == RULES_FILE:
+            self.rules = RuleSet(self.control.list_rules())
+        log.info("%s (refused) was removed: the settings last applied, in control.db, hold", name)
 
     def _load_auth_file(self) -> None:
         """auth.json: who may connect and send as what. A bad file keeps the last good
@@ -821,8 +883,11 @@ class Router:
         except RelayError as exc:
             # Fail closed: a rules file that cannot be read must not mean "allow everything".
             self.rules = RuleSet([AccessRule(">", ">", RuleAction.DENY, priority=2**31)])
-            self.file_errors[RULES_FILE] = str(exc)
-            log.error("%s refused: denying every publish until it is fixed: %s", RULES_FILE, exc)
+            self.file_errors[RULES_FILE] = (
+                f"{exc}; denying every publish until it is fixed or removed (removed, the "
+                "rules last applied, kept in control.db, hold again)"
+            )
+            log.error("%s refused: %s", RULES_FILE, self.file_errors[RULES_FILE])
             return False
         self.file_errors.pop(RULES_FILE, None)
         log.info("%s applied: %d rules", RULES_FILE, len(self.rules))
@@ -862,13 +927,6 @@ class Router:
         if session is not None:
             session.waiting = max(0, session.waiting + delta)
 
-    def _to_writer(self, shard: int, frames: list[bytes]) -> bool:
-        try:
-            send_parts(self.to_writers[shard], frames, NOBLOCK, False)
-            return True
-        except zmq.Again:
-            return False
-
     def _writer_op(
         self,
         session: Session,
@@ -883,9 +941,9 @@ class Router:
         token = self._register(job)
         for shard in shards:
             job.shards.add(shard)
-            if not self._to_writer(shard, proto.op(token, name, **args)):
+            if not self._send_or_park(shard, token, proto.op(token, name, **args)):
                 self._forget(token)
-                raise Unavailable(f"writer for shard {shard} is not running")
+                raise Unavailable(f"writer for shard {shard} is not taking work")
         return _DEFERRED
 
     def _op_register(self, session: Session, req: wire.Request) -> Any:
@@ -901,8 +959,6 @@ class Router:
             return info.to_wire()
         self._add_endpoint(info)
         shard = shard_of(info.hash, self.shards)
-        if shard not in self.writers:
-            return info.to_wire()  # a writer adopts every mailbox of its shard at start
         # Reply once the writer watches the new mailbox, so a file dropped into its new/
         # right after register() returns is noticed.
         return self._writer_op(
@@ -965,8 +1021,7 @@ class Router:
         if mode == cons.CONSUME:
             # The reply goes out first, then the backlog (pushes follow in order).
             self._reply(session.identity, wire.ok_body(req.rid, {"sub": sub.id, "credit": credit}))
-            for endpoint in sorted(self._endpoints_matching(pattern)):
-                self._dispatch(endpoint)
+            self._feed(sub, sorted(self._endpoints_matching(pattern)))
             return _DEFERRED
         return {"sub": sub.id}
 
@@ -1020,7 +1075,8 @@ class Router:
                 self._delivery_receipt(message_id, endpoint, sender)
             if name == "requeue" and endpoint in self.queues:  # first in line again
                 self.queues[endpoint].waiting.appendleft(message_id)
-            self._dispatch(endpoint)  # the credit given back may take the next message
+                self._dispatch(endpoint)
+            # The credit given back takes the next message at the end of this pass.
             return job.results[0]
 
         shard = shard_of(endpoint, self.shards)
@@ -1176,9 +1232,9 @@ class Router:
                 checkpoint=checkpoint,
                 vacuumPages=vacuum_pages,
             )
-            if not self._to_writer(shard, frames):
+            if not self._send_or_park(shard, token, frames):
                 self._forget(token)
-                raise Unavailable(f"writer for shard {shard} is not running")
+                raise Unavailable(f"writer for shard {shard} is not taking work")
         return _DEFERRED
 
     def _op_pending(self, session: Session, req: wire.Request) -> Any:
@@ -1253,7 +1309,7 @@ class Router:
                 "signals": self.signals_address,
             },
             "shards": self.shards,
-            "writers": [{"shard": s, "pid": self.writers.get(s)} for s in range(self.shards)],
+            "writers": [self._writer_status(s) for s in range(self.shards)],
             "clients": len(self.consumers.sessions),
             "subscriptions": len(self.consumers.subs),
             "pendingRequests": len(self.pending),
@@ -1263,6 +1319,15 @@ class Router:
             ],
             "unroutable": self._count(State.FAILED, UNROUTABLE),
             "fileErrors": dict(self.file_errors),
+        }
+
+    def _writer_status(self, shard: int) -> dict[str, Any]:
+        writer = self.links.up.get(shard)
+        return {
+            "shard": shard,
+            "pid": writer.pid if writer else None,
+            "state": self.links.state(shard),
+            "since": writer.since if writer else None,
         }
 
     def _op_trace(self, session: Session, req: wire.Request) -> Any:
@@ -1399,16 +1464,18 @@ class Router:
             self._on_new_message(message_id, endpoint, data)
         elif kind == proto.REPLY:
             self._on_reply(*header)
-        elif kind == proto.HELLO:
-            shard, shards, pid = header
-            self.writers[shard] = pid
-            log.info("writer for shard %d/%d is up (pid %d)", shard, shards, pid)
-            self._resync_shard(shard)
 
     def _writer_gone(self, shard: int) -> None:
-        """A writer disconnected: what it had not confirmed will never be confirmed."""
+        """A writer went away: what it had not confirmed will never be confirmed.
+
+        Publishes and operations it held are answered `unavailable` (a copy's outcome is
+        unknown: it may be durable, so never "delivered"). Claims it held may or may not
+        have happened: their credit comes back now, and each message is put back
+        (cur/ -> new/; refused harmlessly if it never left new/) by the next writer,
+        before any claim of its (_writer_up), so none stays claimed for nobody. The
+        put-backs it held are sent again then too.
+        """
         log.warning("writer for shard %d disconnected", shard)
-        self.writers.pop(shard, None)
         error = f"writer for shard {shard} stopped before confirming"
         for token, job in list(self.pending.items()):
             if shard not in job.shards:
@@ -1423,28 +1490,45 @@ class Router:
                     job.outcomes[endpoint] = ("unavailable", error)
                     self.reliability.never_tried(copy)
                     self._progress(token, job)
-        self._resync_shard(shard)
-
-    def _resync_shard(self, shard: int) -> None:
-        """Re-read the queues of a shard's mailboxes from the Maildir (the truth).
-
-        Claims sent to a writer that went away may or may not have happened; their
-        credit goes back to the consumers, and whatever still waits in new/ is queued
-        again. Called when a writer disconnects and when one says hello.
-        """
-        for sub_id in self._claims.pop(shard, {}).values():
-            self._release(sub_id)
-        self._put_backs = {
-            token: (message_id, endpoint)
-            for token, (message_id, endpoint) in self._put_backs.items()
-            if shard_of(endpoint, self.shards) != shard
-        }
-        for endpoint, queue in list(self.queues.items()):
+        parked = self._parked_ops.setdefault(shard, [])
+        for token, (message_id, endpoint) in self._put_backs.items():
             if shard_of(endpoint, self.shards) == shard:
-                queue.claiming = 0
-                queue.storing.clear()
-                queue.requeuing.clear()
-                self._requeue_from_disk(endpoint)
+                parked.append((token, proto.op(token, "requeue", id=message_id, endpoint=endpoint)))
+        for (message_id, endpoint), sub_id in self._claims.pop(shard, {}).items():
+            self._release(sub_id)
+            self._put_back(message_id, endpoint)
+        for _, queue in self._shard_queues(shard):
+            queue.claiming = 0
+            queue.storing.clear()  # copies in flight: answered above
+
+    def _writer_up(self, shard: int) -> None:
+        """A writer said hello: what waits in its mailboxes' new/ (the truth) becomes
+        their queues, read before anything is sent to it; then the work kept for it goes
+        out, put-backs before any claim (a put-back after a claim of the same message
+        would take it back from its consumer)."""
+        writer = self.links.up[shard]
+        log.info("writer for shard %d/%d is up (pid %d)", shard, self.shards, writer.pid)
+        queues = self._shard_queues(shard)
+        for endpoint, queue in queues:
+            queue.waiting = deque(self._waiting_in(endpoint))
+        for token, frames in self._parked_ops.pop(shard, []):
+            if (token in self.pending or token in self._put_backs) and not self.links.send(
+                shard, frames
+            ):
+                log.error("shard %d: work kept for its writer could not be sent", shard)
+        copies = [(h, d) for h, d in self._parked_copies.pop(shard, []) if self._awaited(h)]
+        for header, _ in copies:
+            self._queue(header.endpoint).storing.add(header.id)
+        if copies:
+            self._outgoing.setdefault(shard, []).extend(copies)
+        for endpoint, _ in queues:
+            self._dispatch(endpoint)
+        if all(self.links.is_up(s) for s in range(self.shards)) and not self._ready:
+            self._ready = True
+            log.info("ready: %d writers up", self.shards)
+
+    def _shard_queues(self, shard: int) -> list[tuple[str, EndpointQueue]]:
+        return [(e, q) for e, q in self.queues.items() if shard_of(e, self.shards) == shard]
 
     def _requeue_from_disk(self, endpoint: str) -> None:
         """What waits in new/ (the truth), minus claims in flight, becomes the queue."""
@@ -1511,25 +1595,60 @@ class Router:
             for sub in self.consumers.observers(info.subject):
                 self._push(sub.client, wire.encode_push(sub.id, message_id, endpoint, data))
 
-    def _dispatch(self, endpoint: str) -> None:
+    def _dispatch(self, endpoint: str, limit: int | None = None) -> bool:
+        """Claim what waits in an endpoint's new/ for consumers with credit, oldest first,
+        at most ``limit`` messages; True when it stopped at the limit with more waiting.
+
+        An endpoint left with messages waiting is starved: credit that comes back to a
+        subscription matching it is offered there (_feed), the least recently served
+        endpoint first."""
         info = self.by_hash.get(endpoint)
         queue = self.queues.get(endpoint)
         if info is None or queue is None:
-            return
+            self._starved.pop(endpoint, None)
+            return False
         shard = shard_of(endpoint, self.shards)
-        if shard not in self.writers:
-            return  # its writer's hello dispatches again (_resync_shard)
-        while queue.waiting:
+        if not self.links.is_up(shard) or queue.requeuing:
+            # Its writer's hello, or the put-back's reply, dispatches again: a message put
+            # back is first in line (FIFO holds).
+            return False
+        sent = 0
+        while queue.waiting and sent != limit:
             sub = self.consumers.pick_consumer(info.subject)
             if sub is None:
-                return
+                break
             message_id = queue.waiting.popleft()
-            if not self._to_writer(shard, proto.claim(sub.id, message_id, endpoint)):
+            if not self.links.send(shard, proto.claim(sub.id, message_id, endpoint)):
                 queue.waiting.appendleft(message_id)
-                return
+                break
+            sent += 1
             queue.claiming += 1
             sub.inflight += 1
             self._claims.setdefault(shard, {})[(message_id, endpoint)] = sub.id
+        if sent or not queue.waiting:  # served: to the back of the line, if still in it
+            self._starved.pop(endpoint, None)
+        if queue.waiting:
+            self._starved.setdefault(endpoint)
+        return sent == limit and bool(queue.waiting)
+
+    def _feed(self, sub: cons.Subscription, endpoints: list[str]) -> None:
+        """A subscription got credit (it is new, or a message of it was finished): the
+        endpoints it matches take turns, one message each, so that a wildcard consumer
+        of several backlogs drains them all, none starving behind a busy one."""
+        while endpoints and sub.has_credit:
+            endpoints = [e for e in endpoints if self._dispatch(e, limit=1)]
+
+    def _starved_for(self, sub: cons.Subscription) -> list[str]:
+        """The starved endpoints a subscription's pattern matches, least recently served
+        first."""
+        if not has_wildcards(sub.pattern):
+            info = self.endpoints.get(sub.pattern)
+            return [info.hash] if info is not None and info.hash in self._starved else []
+        return [
+            e
+            for e in self._starved
+            if (info := self.by_hash.get(e)) is not None and matches(info.subject, sub.pattern)
+        ]
 
     def _on_claimed(
         self,
@@ -1541,7 +1660,7 @@ class Router:
         data: bytes | None,
     ) -> None:
         if self._pop_claim(message_id, endpoint) is None:
-            return  # released when its writer went away (see _resync_shard)
+            return  # released when its writer went away (see _writer_gone)
         queue = self.queues.get(endpoint)
         if queue is not None:
             queue.claiming = max(0, queue.claiming - 1)
@@ -1570,12 +1689,12 @@ class Router:
         """Return a claimed message nobody received to new/ (the writer's reply queues it
         first in line). Until then it holds back its endpoint's queue (FIFO)."""
         token = next(self._tokens)
-        if self._to_writer(
-            shard_of(endpoint, self.shards),
-            proto.op(token, "requeue", id=message_id, endpoint=endpoint),
-        ):
+        frames = proto.op(token, "requeue", id=message_id, endpoint=endpoint)
+        if self._send_or_park(shard_of(endpoint, self.shards), token, frames):
             self._put_backs[token] = (message_id, endpoint)
             self._queue(endpoint).requeuing.add(message_id)
+        else:
+            log.error("%s/%s stays claimed in cur/: its writer takes no work", endpoint, message_id)
 
     def _on_reply(self, token: int, ok: bool, result: Any) -> None:
         put_back = self._put_backs.pop(token, None)
@@ -1585,8 +1704,8 @@ class Router:
             queue.requeuing.discard(message_id)
             if ok:
                 queue.waiting.appendleft(message_id)  # first in line again
-            else:
-                log.warning("%s/%s stays claimed in cur/: %s", endpoint, message_id, result)
+            elif result.get("code") != "invalid_state":  # invalid_state: never left new/
+                log.warning("%s/%s not put back: %s", endpoint, message_id, result)
             self._dispatch(endpoint)
             return
         if token == 0:  # an operation of the router's own: watch

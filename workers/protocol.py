@@ -1,8 +1,11 @@
 """The internal router ⇄ writer protocol: encode and decode only.
 
-Not public: both ends ship together. The router binds one PUSH socket per shard
+Not public: both ends ship together. The router binds one ROUTER socket per shard
 (``run/shard-<K>.sock``) and one PULL socket for results (``run/results.sock``); each
-writer connects a PULL to its shard socket and a PUSH to the results socket.
+writer connects a DEALER to its shard socket and a PUSH to the results socket. The
+router sends to the one peer of a shard socket that said ``hello`` there, so another
+process connecting to it gets nothing and, leaving, is not taken for the writer
+(broker/writer_links.py).
 
 Router → writer, ``[kind, msgpack header]`` or ``[kind, header, data]``:
 
@@ -20,7 +23,8 @@ Router → writer, ``[kind, msgpack header]`` or ``[kind, header, data]``:
 
 Writer → router:
 
-``hello``    ``[shard, shards, pid]`` when a writer (re)starts.
+``hello``    ``[shard, shards, pid]`` on the shard socket (the only message a writer
+             sends there) each time it connects: at start, after a router restart.
 ``stored``   ``[[token, id, endpoint, stored_at | None, code | None, message | None,
              target], ...]`` one frame per group commit; target as sent, so that an
              answer the router no longer waits for still says where the file went.

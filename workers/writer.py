@@ -1,6 +1,6 @@
 """The writer process of one shard: the only process that moves files in its mailboxes.
 
-Loop: wait for deliveries and operations from the router (PULL) or for files another
+Loop: wait for deliveries and operations from the router (a DEALER) or for files another
 program dropped into a ``new/`` (inotify); take everything that is queued, up to
 `MAX_BATCH`, and handle it as one group commit:
 
@@ -91,12 +91,15 @@ class Writer:
         self._own_renames: set[tuple[str, str]] = set()  # (endpoint, name) we moved into new/
         self._subjects: dict[str, str] = {}
 
-        self.pull = self.ctx.socket(zmq.PULL)
-        self.pull.setsockopt(zmq.LINGER, 0)
+        # A DEALER: the router's socket for this shard sends only to the connection
+        # that said hello, so a stray one (a typo, a probe) neither takes deliveries
+        # nor, going away, passes for this writer.
+        self.inbox = self.ctx.socket(zmq.DEALER)
+        self.inbox.setsockopt(zmq.LINGER, 0)
         # Hello goes out each time the router's socket accepts us (at start, and after a
         # router restart): only then can the router's deliveries reach this writer.
-        self.connected = self.pull.get_monitor_socket(zmq.EVENT_CONNECTED)
-        self.pull.connect(home.shard_address(shard))
+        self.connected = self.inbox.get_monitor_socket(zmq.EVENT_CONNECTED)
+        self.inbox.connect(home.shard_address(shard))
         self.results = self.ctx.socket(zmq.PUSH)
         self.results.setsockopt(zmq.LINGER, 2000)
         self.results.connect(home.results_address)
@@ -172,17 +175,18 @@ class Writer:
 
     def serve(self) -> None:
         poller = zmq.Poller()
-        poller.register(self.pull, zmq.POLLIN)
+        poller.register(self.inbox, zmq.POLLIN)
         poller.register(self.inotify.fileno(), zmq.POLLIN)
         poller.register(self.connected, zmq.POLLIN)
         while not self.stopping:
             events = dict(poller.poll(IDLE_POLL_MS))
             if self.connected in events:
                 self.connected.recv_multipart()
-                self.results.send_multipart(proto.hello(self.shard, self.shards, os.getpid()))
+                # On the shard socket itself: the router learns which connection is ours.
+                self.inbox.send_multipart(proto.hello(self.shard, self.shards, os.getpid()))
             if self.inotify.fileno() in events:
                 self._on_inotify()
-            if self.pull in events:
+            if self.inbox in events:
                 self._process(self._drain())
         # Drain what the router already handed us, so nothing queued is dropped.
         while batch := self._drain():
@@ -192,7 +196,7 @@ class Writer:
         batch: list[list[bytes]] = []
         while len(batch) < MAX_BATCH:
             try:
-                batch.append(self.pull.recv_multipart(zmq.NOBLOCK))
+                batch.append(self.inbox.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 break
         return batch
@@ -201,9 +205,9 @@ class Writer:
         if self.index is not None:
             self.index.close()
         self.inotify.close()
-        self.pull.disable_monitor()
+        self.inbox.disable_monitor()
         self.connected.close(0)
-        self.pull.close(0)
+        self.inbox.close(0)
         self.results.close()
         self.ctx.term()
 
