@@ -53,10 +53,10 @@ from bench.bench_storage import fs_type
 from bench.common import Row, rate, remove_when_done, rss_mib, stop_broker
 from broker.control import DEFAULT_CONFIG
 from sdk.client import ACK_DELAY_S, answers_together
+from sdk.paths import shard_of
 from sdk.subjects import endpoint_hash
 from sdk.types import Signal, SignalType
 from workers.syncfs import syncfs
-from workers.writer import shard_of
 
 SHARD_COUNTS = (1, 2)
 SUBJECT = "relay.agent.bench"

@@ -36,11 +36,10 @@ from bench.bench_storage import fs_type
 from bench.common import Row, rate, remove_when_done
 from ops.archive import MESSAGE_COLUMNS
 from ops.live import FILE_SCHEMA, rows_table
-from sdk.paths import Home
+from sdk.paths import Home, shard_of
 from sdk.subjects import endpoint_hash
 from workers.index import COLUMNS, MessageIndex
 from workers.maildir import Mailbox
-from workers.writer import shard_of
 
 DAY_MS = 86_400_000
 NOW = 1_795_000_000_000

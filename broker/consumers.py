@@ -14,7 +14,6 @@ hold no credit.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from broker.auth import Identity
@@ -52,23 +51,6 @@ class Session:
     # Messages handed to this client and not yet acknowledged:
     # (id, endpoint) -> (sub id, the message's sender, for its delivery receipt).
     unacked: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
-
-
-@dataclass(eq=False)
-class EndpointQueue:
-    """Messages waiting in an endpoint's new/, oldest first, claims in flight, and the
-    ids of copies on their way into new/: stored (not confirmed yet) or put back from
-    cur/ (handed to nobody)."""
-
-    waiting: deque[str] = field(default_factory=deque)
-    claiming: int = 0
-    storing: set[str] = field(default_factory=set)
-    requeuing: set[str] = field(default_factory=set)
-
-    @property
-    def depth(self) -> int:
-        """Messages still in new/ (a claim in flight has not moved its file yet)."""
-        return len(self.waiting) + self.claiming
 
 
 class Consumers:

@@ -20,7 +20,6 @@ import logging
 import os
 import resource
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,8 +29,9 @@ import zmq
 from broker import consumers as cons
 from broker.auth import AuthPolicy
 from broker.budget import clamp
-from broker.consumers import Consumers, EndpointQueue, Session
+from broker.consumers import Consumers, Session
 from broker.control import ControlPlane
+from broker.delivery import Claim, Ledger
 from broker.publish import Copy, PublishPlan, PublishRequest, Refusal, encode_payload, plan_publish
 from broker.rejections import RATE_LIMITED, RejectionLog
 from broker.reliability import Reliability
@@ -60,7 +60,7 @@ from sdk.errors import (
 from sdk.ids import check_id, is_id, new_id
 from sdk.paths import UNROUTABLE, Home
 from sdk.sockets import NOBLOCK, send_parts
-from sdk.subjects import has_wildcards, matches, validate
+from sdk.subjects import has_wildcards, validate
 from sdk.types import (
     AccessRule,
     Budget,
@@ -154,27 +154,19 @@ class Router:
         self.endpoints: dict[str, EndpointInfo] = {}  # subject -> info
         self.by_hash: dict[str, EndpointInfo] = {}
         self.endpoint_trie: Sublist[str] = Sublist()  # concrete subject -> hash
-        self.queues: dict[str, EndpointQueue] = {}
         self.consumers = Consumers()
         self.pending: dict[int, Pending] = {}
-        # Claims sent and not yet answered, per shard: (id, endpoint) -> subscription;
-        # a copy sent to be stored claimed (proto.TARGET_CUR) counts as a claim.
-        self._claims: dict[int, dict[tuple[str, str], int]] = {}
-        # Messages handed to nobody, on their way back to new/: token -> (id, endpoint).
-        self._put_backs: dict[int, tuple[str, str]] = {}
+        self._tokens = itertools.count(1)  # requests to writers, answered by token
+        self.ledger = Ledger(self.consumers, shards, self._waiting_in, self._tokens)
         # Copies decided while reading the client socket, per shard, sent after the pass.
         self._outgoing: dict[int, list[tuple[proto.DeliveryHeader, bytes]]] = {}
         # Work for a shard whose writer is expected but not up (starting, restarting):
         # sent at its hello, or answered `unavailable` at the request's deadline.
         self._parked_copies: dict[int, list[tuple[proto.DeliveryHeader, bytes]]] = {}
         self._parked_ops: dict[int, list[tuple[int, list[bytes]]]] = {}
-        # Endpoints with messages in new/ that no consumer had credit for, least recently
-        # served first (an ordered set): where credit that comes back goes (_feed).
-        self._starved: dict[str, None] = {}
         self._ready = False  # every writer has said hello once
         self._replies: dict[bytes, list[bytes]] = {}  # client -> reply bodies to batch
         self._signals_out = SignalOutbox()  # sent at the end of each pass
-        self._tokens = itertools.count(1)
         self.started_at = now_ms()
         self._bound: list[str] = []
 
@@ -209,7 +201,6 @@ class Router:
             os.umask(old)
         for info in self.control.list_endpoints():
             self._add_endpoint(info)
-        self.queues.setdefault(UNROUTABLE, EndpointQueue())
         self._load_files({CONFIG_FILE, RULES_FILE}, only_if_changed=True)
         self._load_auth_file()
         self._seed_rate_limiter()
@@ -226,10 +217,7 @@ class Router:
         self.endpoints[info.subject] = info
         self.by_hash[info.hash] = info
         self.endpoint_trie.insert(info.subject, info.hash)
-        if info.hash not in self.queues:
-            # Seed from the Maildir itself (the truth): what waits in new/, oldest first.
-            self.queues[info.hash] = EndpointQueue(waiting=deque(self._waiting_in(info.hash)))
-            self._dispatch(info.hash)
+        self.ledger.add_endpoint(info.hash, info.subject)
 
     def serve(self) -> None:
         poller = zmq.Poller()
@@ -268,8 +256,8 @@ class Router:
                 self._drain(self.from_writers, self._on_writer)
             if self.clients in events:
                 self._drain_clients()
-            for sub in self.consumers.take_refilled():
-                self._feed(sub, self._starved_for(sub))
+            self.ledger.feed_refilled()
+            self._send_ledger_outbox()
             self._flush_deliveries()
             now = now_ms()
             if now >= next_sweep:
@@ -333,10 +321,7 @@ class Router:
                 else:  # kept for a writer that never came: not its endpoint's fault
                     self.reliability.never_tried(copy)
                 job.outcomes[endpoint] = ("unavailable", self._timed_out({shard}))
-                # Its consumer's credit comes back now; a late answer puts a copy stored
-                # claimed back in new/ (_on_stored).
-                self._release(self._settle_copy(job.message_id, endpoint))
-                self._dispatch(endpoint)
+                self.ledger.copy_abandoned(job.message_id, endpoint, sent=self.links.is_up(shard))
             self._reply(job.client, wire.ok_body(job.rid, job.on_done(job)))
         if expired:
             self._drop_parked_of_finished_jobs()
@@ -543,7 +528,7 @@ class Router:
                 copy.subject,
                 sender,
                 now,
-                target=proto.TARGET_FAILED if dead else self._store_target(message_id, copy, shard),
+                target=proto.TARGET_FAILED if dead else self._store_target(message_id, copy),
                 reason=dead.reason if dead else None,
                 code=dead.code if dead else None,
                 failed_at=dead.failed_at if dead else None,
@@ -588,49 +573,13 @@ class Router:
         except (RelayError, OSError, ValueError, KeyError, TypeError):
             return None  # moved meanwhile, compacted, or not a Relay envelope
 
-    def _store_target(self, message_id: str, copy: Copy, shard: int) -> str:
+    def _store_target(self, message_id: str, copy: Copy) -> str:
         """Where a delivered copy goes: straight into cur/, claimed, when a consumer with
-        credit waits for its endpoint and nothing older for it is queued, being claimed
-        or on its way into new/ (FIFO per endpoint holds); else into new/. Stored
-        claimed, a message costs one group commit before its consumer has it, not two
-        (a store, then a claim)."""
-        endpoint = copy.endpoint
-        queue = self._queue(endpoint)
-        info = self.by_hash.get(endpoint)
-        idle = not (queue.depth or queue.storing or queue.requeuing)
-        if info is not None and idle and self.links.is_up(shard):
-            sub = self.consumers.pick_consumer(info.subject)
-            if sub is not None:
-                sub.inflight += 1
-                self._claims.setdefault(shard, {})[(message_id, endpoint)] = sub.id
-                return proto.TARGET_CUR
-        queue.storing.add(message_id)
+        credit waits for its endpoint and nothing older for it is in the way (the
+        ledger decides); else into new/."""
+        if self.ledger.store_target(message_id, copy.endpoint) is not None:
+            return proto.TARGET_CUR
         return proto.TARGET_NEW
-
-    def _queue(self, endpoint: str) -> EndpointQueue:
-        """The endpoint's queue, made on first use (without building one to throw away
-        on every call, as setdefault would: this is on the publish path)."""
-        queue = self.queues.get(endpoint)
-        if queue is None:
-            queue = self.queues[endpoint] = EndpointQueue()
-        return queue
-
-    def _settle_copy(self, message_id: str, endpoint: str) -> int | None:
-        """A copy's store was answered or given up on: it no longer holds back its
-        endpoint's queue. Returns the subscription it was stored claimed for, if any."""
-        queue = self.queues.get(endpoint)
-        if queue is not None:
-            queue.storing.discard(message_id)
-        return self._pop_claim(message_id, endpoint)
-
-    def _pop_claim(self, message_id: str, endpoint: str) -> int | None:
-        """Forget a claim in flight; the subscription it was for, if it was in flight."""
-        claims = self._claims.get(shard_of(endpoint, self.shards), {})
-        return claims.pop((message_id, endpoint), None)
-
-    def _release(self, sub_id: int | None) -> None:
-        """Give back the credit a claim that handed nothing out took."""
-        self.consumers.give_back(sub_id)
 
     def _flush_deliveries(self) -> None:
         """Send the copies decided in this pass: one message per shard (protocol.deliver).
@@ -647,7 +596,7 @@ class Router:
                 continue
             for header, _ in items:
                 token, endpoint = header.token, header.endpoint
-                self._release(self._settle_copy(header.id, endpoint))
+                self.ledger.copy_abandoned(header.id, endpoint, sent=False)
                 job = self.pending.get(token)
                 if job is not None and endpoint not in job.outcomes:
                     job.outcomes[endpoint] = self._writer_down(job.copies[endpoint], shard)
@@ -659,8 +608,7 @@ class Router:
         parked = self._parked_copies.setdefault(shard, [])
         for header, data in items:
             if header.target == proto.TARGET_CUR:
-                self._release(self._pop_claim(header.id, header.endpoint))
-                self._queue(header.endpoint).storing.add(header.id)
+                self.ledger.storing(header.id, header.endpoint)
                 header = header._replace(target=proto.TARGET_NEW)
             parked.append((header, data))
 
@@ -680,9 +628,7 @@ class Router:
         for shard, items in self._parked_copies.items():
             self._parked_copies[shard] = [(h, d) for h, d in items if self._awaited(h)]
         for shard, ops in self._parked_ops.items():
-            self._parked_ops[shard] = [
-                (t, f) for t, f in ops if t in self.pending or t in self._put_backs
-            ]
+            self._parked_ops[shard] = [(t, f) for t, f in ops if t in self.pending]
 
     def _awaited(self, header: proto.DeliveryHeader) -> bool:
         """Whether a copy's publish still waits for it."""
@@ -725,8 +671,7 @@ class Router:
         self.reliability.configure(config)
 
     def _depth_of(self, endpoint: str) -> int:
-        queue = self.queues.get(endpoint)
-        return queue.depth if queue else 0
+        return self.ledger.depth(endpoint)
 
     def _gate(self, target: EndpointInfo, sender: str, now: int) -> tuple[Refusal | None, bool]:
         """Backpressure, then the circuit breaker, for one target of a publish."""
@@ -978,6 +923,7 @@ class Router:
         if info is not None:
             self.by_hash.pop(info.hash, None)
             self.endpoint_trie.remove(subject, info.hash)
+            self.ledger.remove_endpoint(info.hash)
         # The mailbox and everything in it stays: unread mail and dead letters are kept.
         return {"removed": removed}
 
@@ -1021,7 +967,7 @@ class Router:
         if mode == cons.CONSUME:
             # The reply goes out first, then the backlog (pushes follow in order).
             self._reply(session.identity, wire.ok_body(req.rid, {"sub": sub.id, "credit": credit}))
-            self._feed(sub, sorted(self._endpoints_matching(pattern)))
+            self.ledger.subscribed(sub, sorted(self._endpoints_matching(pattern)))
             return _DEFERRED
         return {"sub": sub.id}
 
@@ -1073,9 +1019,8 @@ class Router:
                 self.reliability.consumer_outcome(endpoint, success=name == "done", now=now_ms())
             if name == "done" and sender:
                 self._delivery_receipt(message_id, endpoint, sender)
-            if name == "requeue" and endpoint in self.queues:  # first in line again
-                self.queues[endpoint].waiting.appendleft(message_id)
-                self._dispatch(endpoint)
+            if name == "requeue":
+                self.ledger.requeued(message_id, endpoint)
             # The credit given back takes the next message at the end of this pass.
             return job.results[0]
 
@@ -1490,16 +1435,7 @@ class Router:
                     job.outcomes[endpoint] = ("unavailable", error)
                     self.reliability.never_tried(copy)
                     self._progress(token, job)
-        parked = self._parked_ops.setdefault(shard, [])
-        for token, (message_id, endpoint) in self._put_backs.items():
-            if shard_of(endpoint, self.shards) == shard:
-                parked.append((token, proto.op(token, "requeue", id=message_id, endpoint=endpoint)))
-        for (message_id, endpoint), sub_id in self._claims.pop(shard, {}).items():
-            self._release(sub_id)
-            self._put_back(message_id, endpoint)
-        for _, queue in self._shard_queues(shard):
-            queue.claiming = 0
-            queue.storing.clear()  # copies in flight: answered above
+        self.ledger.writer_gone(shard)
 
     def _writer_up(self, shard: int) -> None:
         """A writer said hello: what waits in its mailboxes' new/ (the truth) becomes
@@ -1508,36 +1444,18 @@ class Router:
         would take it back from its consumer)."""
         writer = self.links.up[shard]
         log.info("writer for shard %d/%d is up (pid %d)", shard, self.shards, writer.pid)
-        queues = self._shard_queues(shard)
-        for endpoint, queue in queues:
-            queue.waiting = deque(self._waiting_in(endpoint))
+        self.ledger.writer_up(shard)  # reads new/ before anything is sent
         for token, frames in self._parked_ops.pop(shard, []):
-            if (token in self.pending or token in self._put_backs) and not self.links.send(
-                shard, frames
-            ):
+            if token in self.pending and not self.links.send(shard, frames):
                 log.error("shard %d: work kept for its writer could not be sent", shard)
         copies = [(h, d) for h, d in self._parked_copies.pop(shard, []) if self._awaited(h)]
         for header, _ in copies:
-            self._queue(header.endpoint).storing.add(header.id)
+            self.ledger.storing(header.id, header.endpoint)
         if copies:
             self._outgoing.setdefault(shard, []).extend(copies)
-        for endpoint, _ in queues:
-            self._dispatch(endpoint)
         if all(self.links.is_up(s) for s in range(self.shards)) and not self._ready:
             self._ready = True
             log.info("ready: %d writers up", self.shards)
-
-    def _shard_queues(self, shard: int) -> list[tuple[str, EndpointQueue]]:
-        return [(e, q) for e, q in self.queues.items() if shard_of(e, self.shards) == shard]
-
-    def _requeue_from_disk(self, endpoint: str) -> None:
-        """What waits in new/ (the truth), minus claims in flight, becomes the queue."""
-        claiming = {
-            i for (i, e) in self._claims.get(shard_of(endpoint, self.shards), {}) if e == endpoint
-        }
-        queue = self.queues[endpoint]
-        queue.waiting = deque(i for i in self._waiting_in(endpoint) if i not in claiming)
-        self._dispatch(endpoint)
 
     def _waiting_in(self, endpoint: str) -> list[str]:
         try:
@@ -1557,98 +1475,37 @@ class Router:
     ) -> None:
         job = self.pending.get(token)
         copy = job.copies.get(endpoint) if job is not None else None
-        claimed_for = self._settle_copy(message_id, endpoint)
-        if copy is None or endpoint in job.outcomes:
-            # Answered late: the publisher had its answer already (deadline passed, or
-            # the writer's disconnect was seen first), but the copy may be durable all
-            # the same. Stored claimed, it goes back to new/ (no consumer was told of
-            # it); the Maildir says what waits in new/.
-            self._release(claimed_for)
-            if stored_at is not None and target == proto.TARGET_CUR:
-                self._put_back(message_id, endpoint)
-            elif stored_at is not None and endpoint in self.queues:
-                self._requeue_from_disk(endpoint)
-            self._dispatch(endpoint)
-            return
+        # Answered late: the publisher had its answer already (deadline passed, or the
+        # writer's disconnect was seen first), but the copy may be durable all the same.
+        late = copy is None or endpoint in job.outcomes
         if stored_at is None:
-            self._release(claimed_for)
-            self._dispatch(endpoint)
-        elif copy.dead is None and target == proto.TARGET_CUR:
+            self.ledger.store_failed(message_id, endpoint)
+        elif late:
+            self.ledger.stored_late(message_id, endpoint, claimed=target == proto.TARGET_CUR)
+        elif target == proto.TARGET_CUR:
+            sub_id = self.ledger.copy_settled(message_id, endpoint)
             self._show_observers(message_id, endpoint, copy.data)
-            self._hand_out(claimed_for, message_id, endpoint, copy.data)
+            self._hand_out(sub_id, message_id, endpoint, copy.data)
         elif copy.dead is None:
+            self.ledger.copy_settled(message_id, endpoint)
             self._on_new_message(message_id, endpoint, copy.data)
+        if late:
+            return
         self.reliability.outcome(copy, success=stored_at is not None, now=now_ms())
         job.outcomes[endpoint] = None if stored_at is not None else (code, message)
         self._progress(token, job)
 
     def _on_new_message(self, message_id: str, endpoint: str, data: bytes | None) -> None:
         """A message is durable in new/: show it to observers, hand it to a consumer."""
-        self._queue(endpoint).waiting.append(message_id)
         if data is not None:
             self._show_observers(message_id, endpoint, data)
-        self._dispatch(endpoint)
+        self.ledger.stored_new(message_id, endpoint)
 
     def _show_observers(self, message_id: str, endpoint: str, data: bytes) -> None:
         info = self.by_hash.get(endpoint)
         if info is not None:
             for sub in self.consumers.observers(info.subject):
                 self._push(sub.client, wire.encode_push(sub.id, message_id, endpoint, data))
-
-    def _dispatch(self, endpoint: str, limit: int | None = None) -> bool:
-        """Claim what waits in an endpoint's new/ for consumers with credit, oldest first,
-        at most ``limit`` messages; True when it stopped at the limit with more waiting.
-
-        An endpoint left with messages waiting is starved: credit that comes back to a
-        subscription matching it is offered there (_feed), the least recently served
-        endpoint first."""
-        info = self.by_hash.get(endpoint)
-        queue = self.queues.get(endpoint)
-        if info is None or queue is None:
-            self._starved.pop(endpoint, None)
-            return False
-        shard = shard_of(endpoint, self.shards)
-        if not self.links.is_up(shard) or queue.requeuing:
-            # Its writer's hello, or the put-back's reply, dispatches again: a message put
-            # back is first in line (FIFO holds).
-            return False
-        sent = 0
-        while queue.waiting and sent != limit:
-            sub = self.consumers.pick_consumer(info.subject)
-            if sub is None:
-                break
-            message_id = queue.waiting.popleft()
-            if not self.links.send(shard, proto.claim(sub.id, message_id, endpoint)):
-                queue.waiting.appendleft(message_id)
-                break
-            sent += 1
-            queue.claiming += 1
-            sub.inflight += 1
-            self._claims.setdefault(shard, {})[(message_id, endpoint)] = sub.id
-        if sent or not queue.waiting:  # served: to the back of the line, if still in it
-            self._starved.pop(endpoint, None)
-        if queue.waiting:
-            self._starved.setdefault(endpoint)
-        return sent == limit and bool(queue.waiting)
-
-    def _feed(self, sub: cons.Subscription, endpoints: list[str]) -> None:
-        """A subscription got credit (it is new, or a message of it was finished): the
-        endpoints it matches take turns, one message each, so that a wildcard consumer
-        of several backlogs drains them all, none starving behind a busy one."""
-        while endpoints and sub.has_credit:
-            endpoints = [e for e in endpoints if self._dispatch(e, limit=1)]
-
-    def _starved_for(self, sub: cons.Subscription) -> list[str]:
-        """The starved endpoints a subscription's pattern matches, least recently served
-        first."""
-        if not has_wildcards(sub.pattern):
-            info = self.endpoints.get(sub.pattern)
-            return [info.hash] if info is not None and info.hash in self._starved else []
-        return [
-            e
-            for e in self._starved
-            if (info := self.by_hash.get(e)) is not None and matches(info.subject, sub.pattern)
-        ]
 
     def _on_claimed(
         self,
@@ -1659,54 +1516,43 @@ class Router:
         message: str | None,
         data: bytes | None,
     ) -> None:
-        if self._pop_claim(message_id, endpoint) is None:
-            return  # released when its writer went away (see _writer_gone)
-        queue = self.queues.get(endpoint)
-        if queue is not None:
-            queue.claiming = max(0, queue.claiming - 1)
-        if code is not None:
-            if code != "already_claimed":
-                log.warning("claim of %s/%s failed: %s %s", endpoint, message_id, code, message)
-            self._release(sub_id)
-            self._dispatch(endpoint)
-            return
-        self._hand_out(sub_id, message_id, endpoint, data or b"")
+        if code is not None and code != "already_claimed":
+            log.warning("claim of %s/%s failed: %s %s", endpoint, message_id, code, message)
+        if self.ledger.claimed(sub_id, message_id, endpoint, ok=code is None):
+            self._hand_out(sub_id, message_id, endpoint, data or b"")
 
     def _hand_out(self, sub_id: int | None, message_id: str, endpoint: str, data: bytes) -> None:
         """Push a message claimed for a subscription to its client."""
         sub = self.consumers.subs.get(sub_id) if sub_id is not None else None
         if sub is None:  # the subscriber left while the claim was in flight
-            self._put_back(message_id, endpoint)
+            self.ledger.put_back(message_id, endpoint)
             return
         if not self._push(sub.client, wire.encode_push(sub.id, message_id, endpoint, data)):
             # Its client is gone (the push found no peer): the message was never handed
             # out, so it goes back to new/ rather than stay claimed by nobody.
-            self._put_back(message_id, endpoint)
+            self.ledger.put_back(message_id, endpoint)
             return
         self.consumers.handed_out(sub, message_id, endpoint, _sender_of(data))
 
-    def _put_back(self, message_id: str, endpoint: str) -> None:
-        """Return a claimed message nobody received to new/ (the writer's reply queues it
-        first in line). Until then it holds back its endpoint's queue (FIFO)."""
-        token = next(self._tokens)
-        frames = proto.op(token, "requeue", id=message_id, endpoint=endpoint)
-        if self._send_or_park(shard_of(endpoint, self.shards), token, frames):
-            self._put_backs[token] = (message_id, endpoint)
-            self._queue(endpoint).requeuing.add(message_id)
-        else:
-            log.error("%s/%s stays claimed in cur/: its writer takes no work", endpoint, message_id)
+    def _send_ledger_outbox(self) -> None:
+        """Send the ledger's claims and put-backs, in their order; what a writer does not
+        take goes back to the ledger."""
+        unsent = []
+        for command in self.ledger.take_outbox():
+            if isinstance(command, Claim):
+                frames = proto.claim(command.sub, command.id, command.endpoint)
+            else:
+                frames = proto.requeue(command.token, command.id, command.endpoint)
+            if not self.links.send(command.shard, frames):
+                unsent.append(command)
+        if unsent:
+            self.ledger.unsent(unsent)
 
     def _on_reply(self, token: int, ok: bool, result: Any) -> None:
-        put_back = self._put_backs.pop(token, None)
+        put_back = self.ledger.put_back_done(token, ok=ok)
         if put_back is not None:
-            message_id, endpoint = put_back
-            queue = self._queue(endpoint)
-            queue.requeuing.discard(message_id)
-            if ok:
-                queue.waiting.appendleft(message_id)  # first in line again
-            elif result.get("code") != "invalid_state":  # invalid_state: never left new/
-                log.warning("%s/%s not put back: %s", endpoint, message_id, result)
-            self._dispatch(endpoint)
+            if not ok and result.get("code") != "invalid_state":  # never left new/: fine
+                log.warning("%s/%s not put back: %s", put_back[1], put_back[0], result)
             return
         if token == 0:  # an operation of the router's own: watch
             if not ok:

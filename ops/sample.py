@@ -20,12 +20,11 @@ from dataclasses import dataclass
 
 from broker.control import ControlPlane
 from sdk.ids import MonotonicUlid
-from sdk.paths import UNROUTABLE, Home
+from sdk.paths import UNROUTABLE, Home, shard_of
 from sdk.subjects import endpoint_hash
 from workers.index import MessageIndex, rebuild_from_maildir
 from workers.maildir import Mailbox, deliver_batch, format_name
 from workers.records import MessageRecord, State
-from workers.writer import shard_of
 
 DAY_MS = 86_400_000
 SENDERS = ("relay.agent.sample.frontend", "relay.agent.sample.planner", "relay.human.console")

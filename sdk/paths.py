@@ -14,6 +14,19 @@ DEFAULT_HOME = "~/.dork/relay"
 UNROUTABLE = "_unroutable"  # mailbox of publishes that matched no endpoint (shard 0)
 
 
+def shard_of(endpoint: str, shards: int) -> int:
+    """Which shard owns a mailbox. The layout on disk does not depend on N."""
+    if endpoint == UNROUTABLE:
+        return 0
+    return int(endpoint, 16) % shards
+
+
+def is_mailbox_name(name: str) -> bool:
+    if name == UNROUTABLE:
+        return True
+    return len(name) == 12 and all(c in "0123456789abcdef" for c in name)
+
+
 def default_home() -> Path:
     return Path(os.environ.get("RELAY_HOME") or DEFAULT_HOME).expanduser()
 

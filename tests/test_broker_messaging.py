@@ -11,9 +11,9 @@ import pytest
 from inotify_simple import INotify
 from inotify_simple import flags as iflags
 
+from sdk.paths import shard_of
 from sdk.types import Envelope
 from tests.harness import signals_flowing, wait_for
-from workers.writer import shard_of
 
 pytestmark = pytest.mark.integration
 

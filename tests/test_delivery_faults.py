@@ -12,10 +12,10 @@ import pytest
 import zmq
 
 from sdk.errors import Unavailable
+from sdk.paths import shard_of
 from sdk.subjects import endpoint_hash
 from sdk.types import AccessRule, RuleAction
 from tests.harness import ROOT, Broker, wait_for
-from workers.writer import shard_of
 
 pytestmark = pytest.mark.integration
 
@@ -86,8 +86,9 @@ def _stray(address: str, kind: int) -> zmq.Socket:
     assert connected.poll(10_000), f"no connection to {address}"
     sock.disable_monitor()
     connected.close(0)
-    if kind in (zmq.PUSH, zmq.DEALER):  # and a frame that is no writer's hello
-        sock.send(b"junk", zmq.NOBLOCK)
+    if kind == zmq.DEALER:  # the one kind a ROUTER talks to: a frame that is no hello
+        sock.setsockopt(zmq.SNDTIMEO, 10_000)
+        sock.send(b"junk")
     return sock
 
 

@@ -85,6 +85,11 @@ def op(token: int, name: str, **args: Any) -> list[bytes]:
     return [OP, packb([token, name, args])]
 
 
+def requeue(token: int, message_id: str, endpoint: str) -> list[bytes]:
+    """Put a claimed message back in new/ (an ``op``)."""
+    return op(token, "requeue", id=message_id, endpoint=endpoint)
+
+
 def hello(shard: int, shards: int, pid: int) -> list[bytes]:
     return [HELLO, packb([shard, shards, pid])]
 

@@ -39,7 +39,7 @@ from sdk.errors import (
     UnknownOperation,
 )
 from sdk.ids import is_id
-from sdk.paths import UNROUTABLE, Home
+from sdk.paths import UNROUTABLE, Home, is_mailbox_name, shard_of
 from sdk.sockets import send_parts
 from workers import ingest
 from workers import protocol as proto
@@ -61,19 +61,6 @@ _WATCH_FLAGS = iflags.MOVED_TO | iflags.CLOSE_WRITE
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def shard_of(endpoint: str, shards: int) -> int:
-    """Which shard owns a mailbox. The layout on disk does not depend on N."""
-    if endpoint == UNROUTABLE:
-        return 0
-    return int(endpoint, 16) % shards
-
-
-def is_mailbox_name(name: str) -> bool:
-    if name == UNROUTABLE:
-        return True
-    return len(name) == 12 and all(c in "0123456789abcdef" for c in name)
 
 
 class Writer:

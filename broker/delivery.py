@@ -1,0 +1,394 @@
+"""The delivery ledger: which waiting message goes to which consumer, and when. Pure.
+
+It holds, per endpoint (`EndpointQueue`), the ids waiting in ``new/`` oldest first, the
+claims in flight, the copies on their way into ``new/`` and the messages being put back;
+across endpoints, the claims sent and not answered (per shard), the put-backs not
+confirmed, the endpoints with messages waiting ("starved", least recently served first)
+and the shards whose writer is up. Consumers (broker/consumers.py) says who may take a
+message; the ledger decides what to claim for whom, and the router's loop sends what
+it returns (`take_outbox`: `Claim`, `PutBack`) and tells it what happened.
+
+The rules it keeps:
+
+- FIFO per endpoint: a message is handed out only when nothing older of its endpoint is
+  waiting, being stored or being put back (a put-back holds its endpoint's dispatch until
+  the writer confirms it, so the message stays first in line).
+- Credit: a claim takes one unit of its subscription's credit; an ack, a nack, or a claim
+  that handed nothing out gives it back, and credit that comes back goes to the starved
+  endpoints the subscription matches, one message each in turn, so that a wildcard
+  consumer drains every backlog and a busy endpoint starves no other.
+- Never claimed for nobody: a claim whose subscriber left, or whose writer died before
+  answering, is put back (cur/ -> new/); a put-back of a claim that never happened is
+  refused by the writer, harmlessly. Put-backs for a writer that is down wait for its
+  hello and go out before any claim of the same message could.
+- The Maildir is the truth: when a writer comes up, what waits in its mailboxes' new/
+  (``waiting_in``, the one read of the disk) becomes their queues.
+
+Time plays no part, so there is no ``now``; tests drive it without sockets
+(tests/test_delivery_model.py runs it against a model of the Maildir).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from broker.consumers import Consumers, Subscription
+from sdk.paths import shard_of
+from sdk.subjects import has_wildcards, matches
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Ask shard's writer to move id from new/ to cur/ for subscription sub."""
+
+    shard: int
+    sub: int
+    id: str
+    endpoint: str
+
+
+@dataclass(frozen=True)
+class PutBack:
+    """Ask shard's writer to move id from cur/ back to new/; it answers with token."""
+
+    shard: int
+    token: int
+    id: str
+    endpoint: str
+
+
+@dataclass(eq=False)
+class EndpointQueue:
+    """Messages waiting in an endpoint's new/, oldest first, claims in flight, and the
+    ids of copies on their way into new/: stored (not confirmed yet) or put back from
+    cur/ (handed to nobody)."""
+
+    waiting: deque[str] = field(default_factory=deque)
+    claiming: int = 0
+    storing: set[str] = field(default_factory=set)
+    requeuing: set[str] = field(default_factory=set)
+
+    @property
+    def depth(self) -> int:
+        """Messages still in new/ (a claim in flight has not moved its file yet)."""
+        return len(self.waiting) + self.claiming
+
+    @property
+    def idle(self) -> bool:
+        """Nothing of this endpoint waits, is being claimed, stored or put back."""
+        return not (self.waiting or self.claiming or self.storing or self.requeuing)
+
+
+class Ledger:
+    def __init__(
+        self,
+        consumers: Consumers,
+        shards: int,
+        waiting_in: Callable[[str], list[str]],
+        tokens: Iterator[int],
+    ) -> None:
+        self.consumers = consumers
+        self.shards = shards
+        self._waiting_in = waiting_in  # an endpoint's new/, oldest first (the disk)
+        self._tokens = tokens  # shared with the router's requests: one reply namespace
+        self.queues: dict[str, EndpointQueue] = {}
+        self._subjects: dict[str, str] = {}  # endpoint -> subject, while registered
+        self._endpoints: dict[str, str] = {}  # subject -> endpoint, the same
+        self._up: set[int] = set()
+        # Claims sent and not yet answered, per shard: (id, endpoint) -> subscription;
+        # a copy sent to be stored claimed counts as a claim.
+        # None: a copy sent to be stored claimed whose publish was answered meanwhile.
+        self._claims: dict[int, dict[tuple[str, str], int | None]] = {}
+        self.put_backs: dict[int, tuple[str, str]] = {}  # token -> (id, endpoint)
+        self._starved: dict[str, None] = {}  # an ordered set
+        self._outbox: list[Claim | PutBack] = []
+        self._unsent_put_backs: list[PutBack] = []
+
+    def take_outbox(self) -> list[Claim | PutBack]:
+        """What to send to the writers, in order (a put-back before a later claim); put-
+        backs a writer that is up did not take before come first, tried again."""
+        retry = [
+            p for p in self._unsent_put_backs if p.shard in self._up and p.token in self.put_backs
+        ]
+        outbox, self._outbox, self._unsent_put_backs = retry + self._outbox, [], []
+        return outbox
+
+    def unsent(self, commands: list[Claim | PutBack]) -> None:
+        """What its writer did not take (its queue is full, or it is gone). A claim is
+        undone: first in line again, its credit back. A put-back is tried again with the
+        next outbox while its writer is up, and sent again at its next hello."""
+        claims = [c for c in commands if isinstance(c, Claim)]
+        self._unsent_put_backs += [p for p in commands if isinstance(p, PutBack)]
+        for claim in reversed(claims):  # appendleft, newest first: their order holds
+            if self._pop_claim(claim.id, claim.endpoint) is None:
+                continue  # its writer's departure released it already
+            queue = self._queue(claim.endpoint)
+            queue.claiming = max(0, queue.claiming - 1)
+            queue.waiting.appendleft(claim.id)
+            self.consumers.give_back(claim.sub)
+            self._starved.setdefault(claim.endpoint)
+
+    def depth(self, endpoint: str) -> int:
+        queue = self.queues.get(endpoint)
+        return queue.depth if queue else 0
+
+    def _queue(self, endpoint: str) -> EndpointQueue:
+        """The endpoint's queue, made on first use (without building one to throw away
+        on every call, as setdefault would: this is on the publish path)."""
+        queue = self.queues.get(endpoint)
+        if queue is None:
+            queue = self.queues[endpoint] = EndpointQueue()
+        return queue
+
+    def _shard_queues(self, shard: int) -> list[tuple[str, EndpointQueue]]:
+        return [(e, q) for e, q in self.queues.items() if shard_of(e, self.shards) == shard]
+
+    # ------------------------------------------------------------------ endpoints
+
+    def add_endpoint(self, endpoint: str, subject: str) -> None:
+        """A registered endpoint: its queue is seeded from new/ the first time."""
+        self._subjects[endpoint] = subject
+        self._endpoints[subject] = endpoint
+        if endpoint not in self.queues:
+            self.queues[endpoint] = EndpointQueue(waiting=deque(self._waiting_in(endpoint)))
+        self._dispatch(endpoint)
+
+    def remove_endpoint(self, endpoint: str) -> None:
+        """Unregistered: nothing more is handed out; its queue stays (its mail stays)."""
+        subject = self._subjects.pop(endpoint, None)
+        self._endpoints.pop(subject, None)
+        self._starved.pop(endpoint, None)
+
+    # ------------------------------------------------------------------ writers
+
+    def is_up(self, shard: int) -> bool:
+        return shard in self._up
+
+    def writer_gone(self, shard: int) -> None:
+        """What the shard's writer had not answered never will be. Claims it held may or
+        may not have happened: their credit comes back, and each is put back by the
+        next writer (refused harmlessly if it never happened). Put-backs it held are
+        sent again then too; copies it was storing were answered by the caller."""
+        self._up.discard(shard)
+        for (message_id, endpoint), sub_id in self._claims.pop(shard, {}).items():
+            self.consumers.give_back(sub_id)
+            self.put_back(message_id, endpoint)
+        for _, queue in self._shard_queues(shard):
+            queue.claiming = 0
+            queue.storing.clear()
+
+    def writer_up(self, shard: int) -> None:
+        """A writer said hello: its mailboxes' new/ becomes their queues (read before
+        anything is sent to it), the put-backs kept for it go out, then the claims."""
+        self._up.add(shard)
+        queues = self._shard_queues(shard)
+        for endpoint, queue in queues:
+            queue.waiting = deque(self._waiting_in(endpoint))
+        for token, (message_id, endpoint) in self.put_backs.items():
+            if shard_of(endpoint, self.shards) == shard:
+                self._outbox.append(PutBack(shard, token, message_id, endpoint))
+        for endpoint, _ in queues:
+            self._dispatch(endpoint)
+
+    # ------------------------------------------------------------------ storing
+
+    def store_target(self, message_id: str, endpoint: str) -> Subscription | None:
+        """The consumer a new copy is stored claimed for (straight into cur/, one group
+        commit instead of two), when one with credit waits and nothing older of its
+        endpoint is in the way; None: the copy goes into new/."""
+        queue = self._queue(endpoint)
+        shard = shard_of(endpoint, self.shards)
+        subject = self._subjects.get(endpoint)
+        if subject is not None and queue.idle and shard in self._up:
+            sub = self.consumers.pick_consumer(subject)
+            if sub is not None:
+                sub.inflight += 1
+                self._claims.setdefault(shard, {})[(message_id, endpoint)] = sub.id
+                return sub
+        queue.storing.add(message_id)
+        return None
+
+    def storing(self, message_id: str, endpoint: str) -> None:
+        """A copy on its way into new/ (one kept for a writer that was down): it holds
+        back its endpoint's stored-claimed copies. A claim taken for it is given back."""
+        self.consumers.give_back(self._pop_claim(message_id, endpoint))
+        self._queue(endpoint).storing.add(message_id)
+
+    def copy_settled(self, message_id: str, endpoint: str) -> int | None:
+        """A copy's store was answered or given up on: it no longer holds back its
+        endpoint. Returns the subscription it was stored claimed for, if any."""
+        queue = self.queues.get(endpoint)
+        if queue is not None:
+            queue.storing.discard(message_id)
+        return self._pop_claim(message_id, endpoint)
+
+    def copy_abandoned(self, message_id: str, endpoint: str, *, sent: bool) -> None:
+        """A copy whose store was given up on: never sent, or sent and its deadline
+        passed. The credit of a consumer it was meant for comes back. A copy sent to be
+        stored claimed may still be stored: it stays a claim of nobody's, put back by
+        its late answer (`stored_late`) or, if its writer dies first, by the next one."""
+        queue = self.queues.get(endpoint)
+        if queue is not None:
+            queue.storing.discard(message_id)
+        claims = self._claims.get(shard_of(endpoint, self.shards), {})
+        if (message_id, endpoint) in claims:
+            self.consumers.give_back(claims.pop((message_id, endpoint)))
+            if sent:
+                claims[(message_id, endpoint)] = None
+        self._dispatch(endpoint)
+
+    def stored_new(self, message_id: str, endpoint: str) -> None:
+        """A message is durable in new/ (stored there, or dropped in by another program)."""
+        self._queue(endpoint).waiting.append(message_id)
+        self._dispatch(endpoint)
+
+    def stored_late(self, message_id: str, endpoint: str, *, claimed: bool) -> None:
+        """A store answered after its publish was: stored claimed, nobody was told of it,
+        so it goes back to new/; stored in new/, the disk says where it stands in line."""
+        self.consumers.give_back(self.copy_settled(message_id, endpoint))
+        if claimed:
+            self.put_back(message_id, endpoint)
+        elif endpoint in self.queues:
+            self._requeue_from_disk(endpoint)
+        self._dispatch(endpoint)
+
+    def store_failed(self, message_id: str, endpoint: str) -> None:
+        self.consumers.give_back(self.copy_settled(message_id, endpoint))
+        self._dispatch(endpoint)
+
+    def _requeue_from_disk(self, endpoint: str) -> None:
+        """What waits in new/ (the truth), minus claims in flight, becomes the queue."""
+        claiming = {
+            i for (i, e) in self._claims.get(shard_of(endpoint, self.shards), {}) if e == endpoint
+        }
+        queue = self.queues[endpoint]
+        queue.waiting = deque(i for i in self._waiting_in(endpoint) if i not in claiming)
+
+    # ------------------------------------------------------------------ claims
+
+    def claimed(self, sub_id: int, message_id: str, endpoint: str, *, ok: bool) -> bool:
+        """A writer answered a claim. True: hand the message to the subscription. False:
+        nothing to hand out (the claim failed, and its credit is back; or the ledger no
+        longer waited for it: its writer went away meanwhile, and it is put back)."""
+        if self._pop_claim(message_id, endpoint) is None:
+            return False
+        queue = self.queues.get(endpoint)
+        if queue is not None:
+            queue.claiming = max(0, queue.claiming - 1)
+        if not ok:
+            self.consumers.give_back(sub_id)
+            self._dispatch(endpoint)
+        return ok
+
+    def requeued(self, message_id: str, endpoint: str) -> None:
+        """An operator put a pending message back in new/: first in line again."""
+        if endpoint in self.queues:
+            _in_line(self.queues[endpoint].waiting, message_id)
+            self._dispatch(endpoint)
+
+    def put_back(self, message_id: str, endpoint: str) -> None:
+        """Return a claimed message nobody received to new/ (the writer's answer puts
+        it first in line); until then it holds back its endpoint (FIFO). For a writer
+        that is down it waits for its hello."""
+        token = next(self._tokens)
+        self.put_backs[token] = (message_id, endpoint)
+        self._queue(endpoint).requeuing.add(message_id)
+        shard = shard_of(endpoint, self.shards)
+        if shard in self._up:
+            self._outbox.append(PutBack(shard, token, message_id, endpoint))
+
+    def put_back_done(self, token: int, *, ok: bool) -> tuple[str, str] | None:
+        """The writer answered a put-back; the (id, endpoint) it was, None if the token
+        is not a put-back's. Not ok: it never left new/ (a claim that did not happen),
+        or it is gone; either way it is where the disk says."""
+        put_back = self.put_backs.pop(token, None)
+        if put_back is None:
+            return None
+        message_id, endpoint = put_back
+        queue = self._queue(endpoint)
+        queue.requeuing.discard(message_id)
+        if ok:
+            _in_line(queue.waiting, message_id)
+        self._dispatch(endpoint)
+        return put_back
+
+    def _pop_claim(self, message_id: str, endpoint: str) -> int | None:
+        """Forget a claim in flight; the subscription it was for, if it was in flight."""
+        claims = self._claims.get(shard_of(endpoint, self.shards))
+        return claims.pop((message_id, endpoint), None) if claims else None
+
+    # ------------------------------------------------------------------ credit
+
+    def subscribed(self, sub: Subscription, endpoints: list[str]) -> None:
+        """A new consuming subscription: the endpoints it matches take turns."""
+        self._feed(sub, endpoints)
+
+    def feed_refilled(self) -> None:
+        """Credit came back to subscriptions (acks, nacks, claims that handed nothing
+        out): offer it to the starved endpoints each matches."""
+        for sub in self.consumers.take_refilled():
+            self._feed(sub, self._starved_for(sub))
+
+    def _feed(self, sub: Subscription, endpoints: list[str]) -> None:
+        """One message per endpoint in turn while the subscription has credit, so that
+        a wildcard consumer of several backlogs drains them all."""
+        while endpoints and sub.has_credit:
+            endpoints = [e for e in endpoints if self._dispatch(e, limit=1)]
+
+    def _starved_for(self, sub: Subscription) -> list[str]:
+        """The starved endpoints a subscription's pattern matches, least recently served
+        first."""
+        if not has_wildcards(sub.pattern):
+            endpoint = self._endpoints.get(sub.pattern)
+            return [endpoint] if endpoint in self._starved else []
+        return [
+            e
+            for e in self._starved
+            if (subject := self._subjects.get(e)) is not None and matches(subject, sub.pattern)
+        ]
+
+    def _dispatch(self, endpoint: str, limit: int | None = None) -> bool:
+        """Claim what waits in an endpoint's new/ for consumers with credit, oldest first,
+        at most ``limit`` messages; True when it stopped at the limit with more waiting.
+
+        An endpoint left with messages waiting is starved: credit that comes back to a
+        subscription matching it is offered there (_feed), the least recently served
+        endpoint first."""
+        subject = self._subjects.get(endpoint)
+        queue = self.queues.get(endpoint)
+        if subject is None or queue is None:
+            self._starved.pop(endpoint, None)
+            return False
+        shard = shard_of(endpoint, self.shards)
+        if shard not in self._up or queue.requeuing:
+            # Its writer's hello, or the put-back's answer, dispatches again: a message
+            # put back is first in line (FIFO holds).
+            return False
+        sent = 0
+        while queue.waiting and sent != limit:
+            sub = self.consumers.pick_consumer(subject)
+            if sub is None:
+                break
+            message_id = queue.waiting.popleft()
+            self._outbox.append(Claim(shard, sub.id, message_id, endpoint))
+            sent += 1
+            queue.claiming += 1
+            sub.inflight += 1
+            self._claims.setdefault(shard, {})[(message_id, endpoint)] = sub.id
+        if sent or not queue.waiting:  # served: to the back of the line, if still in it
+            self._starved.pop(endpoint, None)
+        if queue.waiting:
+            self._starved.setdefault(endpoint)
+        return sent == limit and bool(queue.waiting)
+
+
+def _in_line(waiting: deque[str], message_id: str) -> None:
+    """Queue a message back where its id puts it: before every younger one waiting
+    (usually first: it was claimed before them). Two put back in turn keep their order."""
+    for position, other in enumerate(waiting):
+        if other > message_id:
+            waiting.insert(position, message_id)
+            return
+    waiting.append(message_id)
