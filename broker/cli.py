@@ -304,7 +304,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     def human(s: dict[str, Any]) -> str:
         writers = ", ".join(
-            f"shard {w['shard']}: " + (f"pid {w['pid']}" if w["pid"] else "down")
+            f"shard {w['shard']}: " + (f"pid {w['pid']}" if w["pid"] else w.get("state", "down"))
             for w in s["writers"]
         )
         lines = [

@@ -128,6 +128,8 @@ def test_a_publish_before_the_writers_are_up_waits_for_them():
         broker.start_router()
         client = wait_for(lambda: _connected(broker), what="the router to answer")
         assert {w["state"] for w in client.status()["writers"]} == {"starting"}
+        shown = broker.relay("status").stdout
+        assert "shard 0: starting, shard 1: starting" in shown
         futures = [client.publish_async(s, 1, sender=SENDER) for s in subjects]
         for shard in range(2):
             broker.start_writer(shard)
