@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOME_DIR ?= $(or $(RELAY_HOME),$(HOME)/.dork/relay)
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench install clean clients
+.PHONY: run test lint bench install clean clients soak
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ clients:
 
 test: $(STAMP) clients
 	$(BIN)/pytest -n auto --dist loadfile
+
+# The model test of delivery for long (docs/testing.md): DURATION seconds (default 600)
+# or STEPS steps, JOBS rounds at a time; prints sequences, steps and failures at the end.
+soak: $(STAMP)
+	$(BIN)/python -m tests.model.soak
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
