@@ -97,9 +97,9 @@ class Ledger:
         self._subjects: dict[str, str] = {}  # endpoint -> subject, while registered
         self._endpoints: dict[str, str] = {}  # subject -> endpoint, the same
         self._up: set[int] = set()
-        # Claims sent and not yet answered, per shard: (id, endpoint) -> subscription;
-        # a copy sent to be stored claimed counts as a claim.
-        # None: a copy sent to be stored claimed whose publish was answered meanwhile.
+        # Claims sent and not yet answered, per shard: (id, endpoint) -> subscription.
+        # A copy sent to be stored claimed counts as one; its subscription is None once
+        # its publish was answered without it (its deadline passed).
         self._claims: dict[int, dict[tuple[str, str], int | None]] = {}
         self.put_backs: dict[int, tuple[str, str]] = {}  # token -> (id, endpoint)
         self._starved: dict[str, None] = {}  # an ordered set

@@ -250,7 +250,12 @@ class Router:
             for shard in self.links.take_lost():
                 self._writer_gone(shard)
             for shard, sock in enumerate(self.links.sockets):
-                if sock in events and self.links.on_hello(shard, now_ms()) is not None:
+                if sock not in events:
+                    continue
+                was_up = self.links.is_up(shard)
+                if self.links.on_hello(shard, now_ms()) is not None:
+                    if was_up:  # a writer that replaces one not seen going: it went
+                        self._writer_gone(shard)
                     self._writer_up(shard)
             if self.from_writers in events:
                 self._drain(self.from_writers, self._on_writer)
@@ -904,6 +909,8 @@ class Router:
             return info.to_wire()
         self._add_endpoint(info)
         shard = shard_of(info.hash, self.shards)
+        if not self.links.is_up(shard):
+            return info.to_wire()  # a writer adopts every mailbox of its shard at start
         # Reply once the writer watches the new mailbox, so a file dropped into its new/
         # right after register() returns is noticed.
         return self._writer_op(
