@@ -27,7 +27,7 @@ the broker settles and a check of the promise:
   _unroutable/failed/; tmp/ is empty; the router counts every writer up and holds one
   subscription per live one.
 
-Budget: RELAY_MODEL_EXAMPLES sequences of up to RELAY_MODEL_STEPS steps (default 4 x 12,
+Budget: RELAY_MODEL_EXAMPLES sequences of up to RELAY_MODEL_STEPS steps (default 8 x 20,
 about a minute); `make soak` runs the same machine for long. A failure prints the seed
 (replay with RELAY_MODEL_SEED=N), the shrunk sequence of steps and a
 @reproduce_failure blob; the failing example is also kept in .hypothesis/relay-model/
@@ -45,7 +45,8 @@ import pytest
 from hypothesis import seed as hypothesis_seed
 from hypothesis.stateful import run_state_machine_as_test
 
-from tests.model.machine import STATS, DeliveryMachine, model_settings
+from tests.model.knobs import STATS, model_settings
+from tests.model.machine import DeliveryMachine
 
 pytestmark = [
     pytest.mark.integration,

@@ -2,91 +2,40 @@
 wait until the system settles and a check of everything against the model.
 
 One broker per sequence (a Hypothesis example): a failure shrinks to a short sequence
-that starts from an empty data directory. Knobs (environment): RELAY_MODEL_EXAMPLES,
-RELAY_MODEL_STEPS, RELAY_MODEL_SETTLE_S, RELAY_MODEL_PHASES (e.g. "generate,shrink"),
-RELAY_MODEL_SKIP (what to leave out, comma-separated: a rule's name, e.g.
-"stray_connection,restart_writer", or one of the known bugs' triggers: "stray_shard"
-(stray connections to run/shard-K.sock), "publish_while_down" (publishes while a writer
-restarts), "wildcard_consume" (consuming subscriptions with a wildcard pattern)).
+that starts from an empty data directory. The knobs are in knobs.py.
 """
 
 from __future__ import annotations
 
-import functools
-import os
 import threading
 import time
-from concurrent.futures import Future
 from typing import Any
 
 import zmq
-from hypothesis import HealthCheck, Phase, note, settings
+from hypothesis import note
 from hypothesis import strategies as st
-from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from sdk.subjects import matches
 from sdk.types import AccessRule, RuleAction
-from tests.harness import ROOT
+from tests.model.knobs import (
+    CONSUMER,
+    FROM_PATTERNS,
+    PUBLISH_WAIT_S,
+    RESTART_EVERY,
+    SENDERS,
+    SKIP,
+    STATS,
+    STRAY_KINDS,
+    TARGETS,
+    allowed,
+    consume_pattern,
+    counted,
+    outcome,
+)
 from tests.model.model import Model
 from tests.model.settle import fail, settle
-from tests.model.world import HASHES, POOL, Sub, World
-
-SENDERS = ("s.alice", "s.bob", "s.carol")
-PATTERNS = ("m.a.*", "m.>", "m.*.e0", "m.b.*", "m.*.e1", "*.c.*")
-TARGETS = POOL + PATTERNS
-FROM_PATTERNS = ("s.alice", "s.*", "s.bob", ">")
-STRAY_KINDS = (zmq.PULL, zmq.PUSH, zmq.DEALER, zmq.SUB, zmq.REQ)
-PUBLISH_WAIT_S = 15.0  # a publish is answered within its 10 s deadline
-SKIP = set(filter(None, os.environ.get("RELAY_MODEL_SKIP", "").split(",")))
-STATS: dict[str, Any] = {"sequences": 0, "steps": 0, "rules": {}}  # in this process
-
-
-def model_settings() -> settings:
-    phases = os.environ.get("RELAY_MODEL_PHASES")
-    return settings(
-        max_examples=int(os.environ.get("RELAY_MODEL_EXAMPLES", "4")),
-        stateful_step_count=int(os.environ.get("RELAY_MODEL_STEPS", "12")),
-        deadline=None,
-        derandomize=False,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-        database=DirectoryBasedExampleDatabase(ROOT / ".hypothesis" / "relay-model"),
-        print_blob=True,
-        report_multiple_bugs=False,
-        phases=[Phase[p] for p in phases.split(",")] if phases else tuple(Phase),
-    )
-
-
-def counted(step: Any) -> Any:
-    """Count the rule's runs in STATS["rules"]; write it into the sequence's log (kept
-    by the world, shown by a failure even when Hypothesis cannot replay it)."""
-
-    @functools.wraps(step)
-    def run(machine: DeliveryMachine, **kwargs: Any) -> Any:
-        STATS["rules"][step.__name__] = STATS["rules"].get(step.__name__, 0) + 1
-        arguments = ", ".join(f"{k}={v!r}" for k, v in sorted(kwargs.items()))
-        machine.world.steps.append(f"{step.__name__}({arguments})")
-        return step(machine, **kwargs)
-
-    return run
-
-
-def allowed(name: str) -> Any:
-    return precondition(lambda self: name not in SKIP)
-
-
-def consume_pattern(pattern: str) -> str:
-    """The pattern itself, or a concrete subject when wildcard consumers are skipped."""
-    if "wildcard_consume" in SKIP and pattern not in POOL:
-        return POOL[TARGETS.index(pattern) % len(POOL)]
-    return pattern
-
-
-def outcome(future: Future) -> Any:
-    try:
-        return future.result(PUBLISH_WAIT_S)
-    except BaseException as exc:
-        return exc
+from tests.model.world import HASHES, POOL, ClientHandle, Sub, World
 
 
 class DeliveryMachine(RuleBasedStateMachine):
@@ -95,6 +44,10 @@ class DeliveryMachine(RuleBasedStateMachine):
         STATS["sequences"] += 1
         self.world = World()
         self.model = Model(self.world)
+        self.done = 0  # steps so far
+        # The step of the last restart: restarts cost a second or more and Hypothesis
+        # may enable few rules in a sequence, so at most one every RESTART_EVERY steps.
+        self.restarted = {"router": -RESTART_EVERY, "writer": -RESTART_EVERY}
 
     def teardown(self) -> None:
         self.world.close()
@@ -108,15 +61,20 @@ class DeliveryMachine(RuleBasedStateMachine):
     def live(self, *modes: str) -> list[Sub]:
         return [s for s in self.world.subs if not s.ended and s.mode in modes]
 
+    def holding(self) -> list[Sub]:
+        """Subscriptions whose handler holds what it is pushed (in this process)."""
+        return [
+            s
+            for s in self.world.subs
+            if s.client and s.behaviour == "hold" and not s.released.is_set()
+        ]
+
     def note(self, text: str) -> None:
         note(text)
         self.world.steps.append(f"  # {text}")
 
     def _pick(self, items: list, which: int) -> Any:
         return items[which % len(items)]
-
-    def _fail(self, title: str, lines: list[str]) -> None:
-        fail(self.world, self.model, title, lines)
 
     def _ending(self, subs: list[Sub]) -> None:
         """Subscriptions are about to end: a claim in flight may go back to new/ and
@@ -138,23 +96,28 @@ class DeliveryMachine(RuleBasedStateMachine):
         for target, sender, result in records:
             wrong += self.model.published(target, sender, result, ordered=ordered)
         if wrong:
-            self._fail("publish answered wrongly", wrong)
-
-    def settle(self) -> None:
-        settle(self.world, self.model)
+            fail(self.world, self.model, "publish answered wrongly", wrong)
 
     @invariant()
     def settled(self) -> None:
         STATS["steps"] += 1
-        self.settle()
+        settle(self.world, self.model)
 
     # ------------------------------------------------------------------ endpoints, policy
 
-    @initialize(subjects=st.lists(st.sampled_from(POOL), min_size=1, max_size=6, unique=True))
+    @initialize(
+        subjects=st.lists(st.sampled_from(POOL), min_size=1, max_size=6, unique=True),
+        consumers=st.lists(CONSUMER, max_size=3),
+    )
     @counted
-    def setup(self, subjects: list[str]) -> None:
+    def setup(self, subjects: list[str], consumers: list[tuple[str, str, int | None]]) -> None:
+        """Endpoints, and consumers from the start: Hypothesis enables a random subset of
+        the rules in each sequence, so one that has to open a client, subscribe, then
+        release or unsubscribe would otherwise rarely get that far."""
         for subject in subjects:
             self._register(subject)
+        for pattern, behaviour, credit in consumers:
+            self._subscribe(0, pattern, behaviour, credit)
 
     @allowed("register")
     @rule(subject=st.sampled_from(POOL))
@@ -212,19 +175,16 @@ class DeliveryMachine(RuleBasedStateMachine):
     )
     @counted
     def publish(self, publisher: int, sender: str, to: str, count: int) -> None:
-        target = to
         client = self.world.publishers[publisher]
-        if count == 1:
+        if count == 1:  # the synchronous call
             try:
-                result: Any = client.publish(
-                    target, {"n": 0}, sender=sender, timeout=PUBLISH_WAIT_S
-                )
+                result: Any = client.publish(to, {"n": 0}, sender=sender, timeout=PUBLISH_WAIT_S)
             except BaseException as exc:
                 result = exc
-            self._published([(target, sender, result)], ordered=True)
+            self._published([(to, sender, result)], ordered=True)
             return
-        futures = [client.publish_async(target, {"n": n}, sender=sender) for n in range(count)]
-        self._published([(target, sender, outcome(f)) for f in futures], ordered=True)
+        futures = [client.publish_async(to, {"n": n}, sender=sender) for n in range(count)]
+        self._published([(to, sender, outcome(f)) for f in futures], ordered=True)
 
     @allowed("publish_concurrently")
     @rule(
@@ -269,27 +229,27 @@ class DeliveryMachine(RuleBasedStateMachine):
         self._ending([s for s in handle.subs if not s.ended])
         self.world.close_client(handle)
 
+    def _client(self, which: int) -> ClientHandle:
+        """One of the open clients; a new one when none is open."""
+        return self._pick(self.open_clients or [self.world.open_client()], which)
+
     @allowed("subscribe")
-    @precondition(lambda self: self.open_clients)
-    @rule(
-        which=st.integers(0, 3),
-        pattern=st.sampled_from(TARGETS),
-        behaviour=st.sampled_from(("ack", "nack", "hold")),
-        credit=st.one_of(st.none(), st.integers(1, 8)),
-    )
+    @rule(which=st.integers(0, 3), consumer=CONSUMER)
     @counted
-    def subscribe(self, which: int, pattern: str, behaviour: str, credit: int | None) -> None:
-        handle = self._pick(self.open_clients, which)
+    def subscribe(self, which: int, consumer: tuple[str, str, int | None]) -> None:
+        self._subscribe(which, *consumer)
+
+    def _subscribe(self, which: int, pattern: str, behaviour: str, credit: int | None) -> None:
         pattern = consume_pattern(pattern)
+        handle = self._client(which)
         sub = self.world.subscribe(handle, pattern, behaviour, credit, self.model.default_credit)
         self.note(f"{sub.name}")
 
     @allowed("observe")
-    @precondition(lambda self: self.open_clients)
     @rule(which=st.integers(0, 3), pattern=st.sampled_from(TARGETS))
     @counted
     def observe(self, which: int, pattern: str) -> None:
-        sub = self.world.observe(self._pick(self.open_clients, which), pattern, self.model.seq + 1)
+        sub = self.world.observe(self._client(which), pattern, self.model.seq + 1)
         self.note(f"{sub.name}")
 
     @allowed("unsubscribe")
@@ -303,20 +263,11 @@ class DeliveryMachine(RuleBasedStateMachine):
         self.world.end(sub)
 
     @allowed("release")
-    @precondition(
-        lambda self: any(
-            s.behaviour == "hold" and not s.released.is_set() for s in self.world.subs if s.client
-        )
-    )
+    @precondition(lambda self: self.holding())
     @rule(which=st.integers(0, 7))
     @counted
     def release(self, which: int) -> None:
-        held = [
-            s
-            for s in self.world.subs
-            if s.client and s.behaviour == "hold" and not s.released.is_set()
-        ]
-        sub = self._pick(held, which)
+        sub = self._pick(self.holding(), which)
         self.note(f"release {sub.name}")
         sub.released.set()
 
@@ -341,6 +292,7 @@ class DeliveryMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ faults
 
     @allowed("restart_writer")
+    @precondition(lambda self: self.done - self.restarted["writer"] >= RESTART_EVERY)
     @rule(
         shard=st.integers(0, 1),
         during=st.one_of(
@@ -356,6 +308,7 @@ class DeliveryMachine(RuleBasedStateMachine):
     def restart_writer(self, shard: int, during: tuple[str, str, float] | None) -> None:
         """kill -9 a writer and start it again; maybe publish while it is down (the
         publish must wait for the writer, within its deadline, and succeed)."""
+        self.restarted["writer"] = self.done
         self._new_order_epoch(h for h in HASHES.values() if int(h, 16) % 2 == shard)
         if during is None or "publish_while_down" in SKIP:
             self.world.restart_writer(shard, None, 0.0)
@@ -370,10 +323,12 @@ class DeliveryMachine(RuleBasedStateMachine):
         self._published([(target, sender, result)], ordered=False)
 
     @allowed("restart_router")
+    @precondition(lambda self: self.done - self.restarted["router"] >= RESTART_EVERY)
     @rule()
     @counted
     def restart_router(self) -> None:
         """kill -9 the router and start it again: clients renew their subscriptions."""
+        self.restarted["router"] = self.done
         live = [s for s in self.world.subs if not s.ended]
         self._ending(live)
         self._new_order_epoch(HASHES.values())  # its queues are read again from new/
@@ -382,7 +337,7 @@ class DeliveryMachine(RuleBasedStateMachine):
         for sub in live:  # the new router grants credit afresh to the renewed ones
             sub.granted = sub.credit or self.model.default_credit
             sub.router_epoch = self.world.router_epoch
-        self.settle()
+        settle(self.world, self.model)
         for sub in live:
             if sub.mode == "observe":
                 sub.windows.append((self.model.seq + 1, None))

@@ -44,14 +44,18 @@ def run_round(number: int, stats: Path) -> dict:
         )
     failure = None
     if code != 0:
-        lines = log.read_text(errors="replace").splitlines()
-        first = next((ln for ln in lines if ln.startswith("E   ") and ln.strip() != "E"), "")
-        failure = {
-            "seed": seed,
-            "what": first[4:].strip() or f"pytest exited {code}",
-            "log": str(log),
-        }
+        failure = {"seed": seed, "what": summary(log) or f"pytest exited {code}", "log": str(log)}
     return {"failure": failure, "env": {k: env[k] for k in env if k.startswith("RELAY_MODEL_")}}
+
+
+def summary(log: Path) -> str:
+    """The first finding of a failed round: the line after "AssertionError: ..." (the
+    model's first problem) with that line, or else the first error line."""
+    lines = [ln.lstrip(" |E") for ln in log.read_text(errors="replace").splitlines()]
+    for n, line in enumerate(lines):
+        if line.startswith("AssertionError:"):
+            return f"{line[16:].strip()} {lines[n + 1].strip() if n + 1 < len(lines) else ''}"
+    return next((ln for ln in lines if "Error" in ln and ":" in ln), "")
 
 
 def main() -> int:
