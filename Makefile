@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOME_DIR ?= $(or $(RELAY_HOME),$(HOME)/.dork/relay)
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench install clean clients soak
+.PHONY: run test lint bench install clean clients soak soak-ledger
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ test: $(STAMP) clients
 # or STEPS steps, JOBS rounds at a time; prints sequences, steps and failures at the end.
 soak: $(STAMP)
 	$(BIN)/python -m tests.model.soak
+
+# The delivery ledger against its model, in process (tests/test_delivery_model.py):
+# EXAMPLES sequences (default 50,000, about 15 minutes).
+soak-ledger: $(STAMP)
+	RELAY_LEDGER_EXAMPLES=$(or $(EXAMPLES),50000) $(BIN)/pytest -s -q -p no:cacheprovider \
+		--timeout=0 tests/test_delivery_model.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
