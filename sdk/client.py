@@ -360,14 +360,21 @@ class Client:
         held = pong.get("subs") if isinstance(pong, dict) else None
         if held is None:
             return
-        lost = [w for sub_id, w in self._subs.items() if sub_id not in set(held)]
+        held = set(held)
+        # A copy: handler and renewal threads change the dict meanwhile. An ended worker
+        # (unsubscribe() under way) is not lost, whatever the router says.
+        lost = [w for sub_id, w in list(self._subs.items()) if sub_id not in held and not w.ended]
         if lost:
             threading.Thread(target=self._renew, args=(lost,), daemon=True).start()
 
     def _renew(self, workers: list[_SubscriptionWorker]) -> None:
+        # Every lost one leaves _subs before any is renewed: the new router's ids may be
+        # the old ids of others still waiting (a renewed one must not overwrite them),
+        # and a second heartbeat's renewal finds them gone and does nothing.
+        workers = [w for w in workers if not w.ended and self._subs.get(w.sub) is w]
         for worker in workers:
-            if self._subs.pop(worker.sub, None) is None:
-                continue  # unsubscribed meanwhile
+            del self._subs[worker.sub]
+        for worker in workers:
             log.warning(
                 "subscription %s to %r was lost by the broker; subscribing again",
                 worker.sub,
@@ -382,6 +389,16 @@ class Client:
                     "could not renew the subscription to %r: %s", worker.fields["pattern"], exc
                 )
                 worker.stop()  # it handles and answers what was pushed to it, then ends
+                continue
+            if worker.ended:  # unsubscribed while it was being renewed: end that one too
+                self._end_at_router(worker)
+
+    def _end_at_router(self, worker: _SubscriptionWorker) -> None:
+        sub_id = worker.sub
+        with contextlib.suppress(RelayError):
+            self._call("unsubscribe", sub=sub_id)
+        if self._subs.get(sub_id) is worker:
+            del self._subs[sub_id]
 
     def _receive_signals(self, sub: zmq.Socket) -> None:
         """Hand what arrived to the signal thread, in one queue item (one wake-up)."""
@@ -550,15 +567,16 @@ class Client:
             raise
 
         def unsubscribe() -> None:
-            sub_id = worker.sub  # it changes if the subscription had to be renewed
-            if sub_id not in self._subs:
+            if worker.ended:
                 return
-            # First the router stops pushing (pushes sent before its reply still reach
-            # the worker and are handled and acknowledged), then the worker stops.
-            with contextlib.suppress(RelayError):
-                self._call("unsubscribe", sub=sub_id)
-            if self._subs.pop(sub_id, None) is not None:
-                worker.stop()
+            # Ended first, so that no heartbeat renews it meanwhile (its reply may list
+            # the router's subscriptions without this one before we forget it). Then
+            # the router stops pushing (pushes sent before its reply still reach the
+            # worker and are handled and acknowledged), then the worker stops. A
+            # renewal already under way ends the new one itself (_renew).
+            worker.ended = True
+            self._end_at_router(worker)  # worker.sub changes if it had to be renewed
+            worker.stop()
 
         return unsubscribe
 
@@ -777,6 +795,7 @@ class _SubscriptionWorker:
     does not say the credit, each answer leaves as soon as its message is handled."""
 
     def __init__(self, client: Client, handler: Handler, mode: str, fields: dict[str, Any]) -> None:
+        self.ended = False  # unsubscribe() was called: never renewed
         self.client = client
         self.handler = handler
         self.mode = mode

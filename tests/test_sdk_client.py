@@ -367,3 +367,47 @@ def test_answers_leave_while_a_caller_holds_the_client_lock(broker):
             lambda: handled == [message_id] and watcher.pending(A) == [],
             what="the message handled and acked by the I/O thread",
         )
+
+
+def test_a_heartbeat_answered_during_unsubscribe_does_not_bring_it_back(broker):
+    """The model test's finding: a heartbeat reply that lists the router's subscriptions
+    without this one, read before unsubscribe() forgot it, renewed it for good."""
+    client = broker.client()
+    client.register_endpoint(A)
+    unsubscribe = client.observe(A, lambda envelope: None)
+    (worker,) = client._subs.values()
+    real_call = client._call
+
+    def call(op, **fields):
+        result = real_call(op, **fields)
+        if op == "unsubscribe":  # the router dropped it; a heartbeat says so now
+            client._check_subscriptions({"subs": []})
+            client._renew([worker])  # what the heartbeat's thread would do
+        return result
+
+    client._call = call
+    unsubscribe()
+    assert client.status()["subscriptions"] == 0
+    assert not client._subs
+
+
+def test_subscriptions_renewed_after_a_router_restart_keep_their_own_handlers(broker):
+    """The model test's finding: the new router's ids were stored beside old ids not yet
+    renewed, so renewing one overwrote another (its handler never ran again)."""
+    client, other = broker.client(), broker.client()
+    for subject in (A, B):
+        client.register_endpoint(subject)
+    got: dict[str, list[str]] = {A: [], B: []}
+    client.subscribe(A, lambda e: got[A].append(e.id))  # sub 1
+    client.subscribe(B, lambda e: got[B].append(e.id))  # sub 2
+    other.observe(B, lambda e: None)  # sub 3
+    broker.kill("router")
+    broker.start_router()
+    broker.wait_ready()
+    # The other client renews first and takes id 1; then this one: A gets 2, while B's
+    # worker still sits under its old id 2.
+    other._renew(list(other._subs.values()))
+    client._renew(list(client._subs.values()))
+    wait_for(lambda: client.status()["subscriptions"] == 3, what="three subscriptions held")
+    ids = {s: client.publish(s, 1, sender=SENDER).message_id for s in (A, B)}
+    wait_for(lambda: got == {A: [ids[A]], B: [ids[B]]}, what=f"both handlers (got {got})")
