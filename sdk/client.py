@@ -390,7 +390,10 @@ class Client:
                 )
                 worker.stop()  # it handles and answers what was pushed to it, then ends
                 continue
-            if worker.ended:  # unsubscribed while it was being renewed: end that one too
+            if worker.ended:
+                # Unsubscribed while it was being renewed: end that one too. Messages
+                # pushed to it meanwhile reach a stopped worker and stay pending (the
+                # window is one subscribe's round trip).
                 self._end_at_router(worker)
 
     def _end_at_router(self, worker: _SubscriptionWorker) -> None:
