@@ -83,17 +83,18 @@ class WriterLinks:
             self._gone(shard)
             return False
 
-    def on_hello(self, shard: int, now: int) -> Writer | None:
-        """Read what arrived on a shard's socket; the writer that said hello, if any."""
+    def on_hello(self, shard: int, now: int, limit: int = 100) -> Writer | None:
+        """Read what arrived on a shard's socket (at most ``limit`` frames a pass: a stray
+        peer sending junk must not hold the loop); the writer that said hello, if any."""
         sock = self.sockets[shard]
         hello = None
-        while True:
+        for _ in range(limit):
             try:
                 frames = sock.recv_multipart(NOBLOCK, copy=False)
             except zmq.Again:
-                return hello
-            writer = self._hello(shard, frames, now)
-            hello = writer or hello
+                break
+            hello = self._hello(shard, frames, now) or hello
+        return hello
 
     def _hello(self, shard: int, frames: list[zmq.Frame], now: int) -> Writer | None:
         if len(frames) < 3 or frames[1].bytes != proto.HELLO:
@@ -101,8 +102,10 @@ class WriterLinks:
             return None
         try:
             said_shard, shards, pid = proto.decode([f.bytes for f in frames[1:]])[1]
-        except (ValueError, TypeError):
-            log.warning("shard %d socket: an undecodable hello dropped", shard)
+            if not all(type(v) is int for v in (said_shard, shards, pid)):
+                raise TypeError("hello fields must be ints")
+        except Exception as exc:  # bytes from any peer: never a crash of the router
+            log.warning("shard %d socket: an undecodable hello dropped (%s)", shard, exc)
             return None
         if (said_shard, shards) != (shard, self.shards):
             log.error(

@@ -11,6 +11,7 @@ from collections import defaultdict
 import pytest
 import zmq
 
+from sdk import wire
 from sdk.errors import Unavailable
 from sdk.paths import shard_of
 from sdk.subjects import endpoint_hash
@@ -218,3 +219,25 @@ def test_removing_a_refused_rules_file_brings_back_the_rules_last_applied(broker
     wait_for(lambda: not client.status()["fileErrors"], what="the refusal to be lifted")
     assert client.publish(allowed, 2, sender=SENDER).delivered_to == 1
     assert client.publish(denied, 3, sender=SENDER).delivered_to == 0  # the rule holds
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [[b"hello", b"\xc1"], [b"hello", wire.packb([1, 2, "pid"])], [b"hello", wire.packb(7)]],
+    ids=["not-msgpack", "pid-not-int", "not-a-list"],
+)
+def test_a_malformed_hello_on_a_shard_socket_is_dropped(broker, frames):
+    client = broker.client()
+    subject = next(
+        f"relay.fault.box{i}"
+        for i in range(8)
+        if shard_of(endpoint_hash(f"relay.fault.box{i}"), 2) == 1
+    )
+    client.register_endpoint(subject)
+    stray = _stray(broker.home.shard_address(1), zmq.DEALER)
+    stray.send_multipart(frames)
+    for _ in range(10):  # the router reads the stray's frames within these
+        assert client.publish(subject, 1, sender=SENDER).delivered_to == 1
+    stray.close(0)
+    assert [w["state"] for w in client.status()["writers"]] == ["up", "up"]
+    assert broker.procs["router"].poll() is None
