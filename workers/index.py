@@ -3,7 +3,7 @@ the Maildir.
 
 One row per stored copy of a message, keyed by (id, endpoint): a fan-out copy has the
 same id in each endpoint's mailbox. Every column can be recomputed from the files (see
-`workers.maildir.iter_records`), so `rebuild_from_maildir` into an empty index gives the
+`workers.scan.iter_records`), so `rebuild_from_maildir` into an empty index gives the
 same rows as the one the writer kept up to date; tests/test_index.py checks exactly that.
 
 The writer changes the index only through `MessageIndex.write`, one transaction per
@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable, Sequence
 import apsw
 
 from sdk.errors import InvalidMessage, StorageError
-from workers.maildir import InvalidFile, iter_rows, log_invalid
 from workers.records import MessageRecord, State
+from workers.scan import InvalidFile, iter_rows, log_invalid
 from workers.sqlite import checkpoint_and_close, migrate, open_db, transaction, user_version
 
 # Page cache of one index connection. The default 2 MiB spills during a rebuild of a
@@ -315,7 +315,7 @@ class MessageIndex:
         return self.rebuild_rows(_record_tuple(record) for record in records)
 
     def rebuild_rows(self, rows: Iterable[Sequence]) -> int:
-        """`rebuild` from tuples in COLUMNS order (what `maildir.iter_rows` yields)."""
+        """`rebuild` from tuples in COLUMNS order (what `scan.iter_rows` yields)."""
         count = 0
 
         def counted() -> Iterable[Sequence]:
