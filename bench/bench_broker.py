@@ -54,9 +54,9 @@ import zmq
 from bench.bench_storage import fs_type
 from bench.common import Row, cpu_us, rate, remove_when_done, rss_mib, stop_broker
 from broker.control import DEFAULT_CONFIG
-from sdk.client import ACK_DELAY_S, answers_together
 from sdk.paths import shard_of
 from sdk.subjects import endpoint_hash
+from sdk.subscription import ACK_DELAY_S, answers_together
 from sdk.types import Signal, SignalType
 from workers.syncfs import syncfs
 
@@ -82,7 +82,7 @@ SIGNAL_SYNC_N = 2000  # client.signal() in a loop
 OFFERED_RATE = 1000  # msg/s, for the handler latency
 OFFERED_SECONDS = 3.0
 WARMUP = 200
-# (e)'s consumer answers as the SDK's does with the default credit (sdk.client).
+# (e)'s consumer answers as the SDK's does with the default credit (sdk.subscription).
 ACKS_TOGETHER = answers_together(DEFAULT_CONFIG["limits"]["defaultCredit"])
 
 _OPEN_NEW = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC

@@ -13,11 +13,12 @@ import threading
 import pytest
 
 from broker.control import DEFAULT_CONFIG
-from sdk import client as client_module
+from sdk import subscription as subscription_module
 from sdk import wire
-from sdk.client import Delivery, _SubscriptionWorker, connect
+from sdk.client import connect
 from sdk.errors import InvalidMessage, Unavailable
 from sdk.ids import new_id
+from sdk.subscription import Delivery, SubscriptionWorker
 from sdk.types import Envelope, Signal, SignalType, StandardPayload
 from tests.harness import depth, wait_for
 from tests.test_types import make_envelope
@@ -225,7 +226,7 @@ def test_a_bad_item_in_a_run_of_signals_costs_only_itself(broker):
 @pytest.fixture
 def slow_acks(monkeypatch):
     """Answers wait a minute for their deadline: only their count, or close(), sends them."""
-    monkeypatch.setattr(client_module, "ACK_DELAY_S", 60.0)
+    monkeypatch.setattr(subscription_module, "ACK_DELAY_S", 60.0)
 
 
 def pending_ids(client) -> list[str]:
@@ -253,7 +254,7 @@ def _worker_after_burst(subscribe_result: dict, burst: int) -> list[str]:
     def handler(envelope: Envelope) -> None:
         recorder.events.append(f"handled {envelope.payload}")
 
-    worker = _SubscriptionWorker(recorder, handler, "consume", {})
+    worker = SubscriptionWorker(recorder, handler, "consume", {})
     for n in range(burst):
         envelope = make_envelope(id=new_id(), payload=f"m{n}")
         worker.queue.put(Delivery(1, f"m{n}", "3f0c5bd2a1e4", envelope.to_json()))
