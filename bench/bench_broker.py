@@ -53,7 +53,7 @@ import zmq
 
 from bench.bench_storage import fs_type
 from bench.common import Row, cpu_us, rate, remove_when_done, rss_mib, stop_broker
-from broker.control import DEFAULT_CONFIG
+from broker.config import DEFAULT_CONFIG
 from sdk.paths import shard_of
 from sdk.subjects import endpoint_hash
 from sdk.subscription import ACK_DELAY_S, answers_together

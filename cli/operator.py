@@ -276,7 +276,7 @@ def _put_setting(partial: dict[str, Any], item: str) -> bool:
     """Add one ``section.key=value`` to ``partial``; False if ``item`` is not one."""
     key, _, value = item.partition("=")
     # Every dot nests, so the seeds' reliability.rateLimit.maxPerWindow works as well as
-    # rateLimit.maxPerWindow (broker/control.py, RELIABILITY).
+    # rateLimit.maxPerWindow (broker/config.py, RELIABILITY).
     path = key.split(".")
     *sections, name = path
     if not sections or not all(path):

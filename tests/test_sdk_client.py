@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from broker.control import DEFAULT_CONFIG
+from broker.config import DEFAULT_CONFIG
 from sdk import subscription as subscription_module
 from sdk import wire
 from sdk.client import connect
