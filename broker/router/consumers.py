@@ -46,7 +46,6 @@ class Session:
     # change under an open connection); the operations check it.
     who: Identity | None = None
     subs: set[int] = field(default_factory=set)
-    waiting: int = 0  # this client's requests waiting on writers (bounded)
     batches: bool = False  # asked (hello/ping "batch": true) for its replies batched
     # Messages handed to this client and not yet acknowledged:
     # (id, endpoint) -> (sub id, the message's sender, for its delivery receipt).
@@ -131,6 +130,12 @@ class Consumers:
         session = self.sessions.get(sub.client)
         if session is not None:
             session.unacked[(message_id, endpoint)] = (sub.id, sender)
+
+    def holder_of(self, message_id: str, endpoint: str) -> bytes | None:
+        """The client a message was handed to and is not finished by (an operator's
+        complete/fail/requeue settles it on that client's behalf)."""
+        key = (message_id, endpoint)
+        return next((s.identity for s in self.sessions.values() if key in s.unacked), None)
 
     def settled(self, identity: bytes, message_id: str, endpoint: str) -> str | None:
         """An ack or nack arrived: give the credit back and return the message's sender.

@@ -1,0 +1,562 @@
+"""The router's loop: its sockets, its poll, and nothing else that decides.
+
+Sockets (docs/architecture.md has the map): a ROUTER for clients (requests, replies,
+pushed messages), an XPUB for signals, one ROUTER per shard writer
+(broker/router/writer_links.py), one PULL for the writers' results. One thread, one
+poll loop; every wait has a deadline.
+
+Each pass reads what arrived and hands it to the units, which say what to do as data:
+an operation (broker/router/operations.py) answers or queues work for the writers
+(broker/router/jobs.py); a writer's report (broker/router/writer_events.py) answers
+jobs and names messages to push; the delivery ledger (broker/router/delivery.py) names
+claims and put-backs. At the end of the pass the loop sends all of it: claims and
+copies to the writers, replies and pushes to the clients, signals to the subscribers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import resource
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from broker.control import ControlPlane
+from broker.rejections import RejectionLog
+from broker.reliability import Reliability
+from broker.router import writer_events as events
+from broker.router.consumers import SESSION_TIMEOUT_MS, Consumers, Session
+from broker.router.context import DEFERRED, Context, WriterWork, now_ms
+from broker.router.delivery import Claim, Ledger
+from broker.router.directory import Directory
+from broker.router.indexes import Indexes
+from broker.router.jobs import WriterJobs
+from broker.router.operations import OPERATIONS
+from broker.router.ops_admin import add_endpoint
+from broker.router.replies import Replies
+from broker.router.settings import Settings
+from broker.router.signal_out import SignalOutbox
+from broker.router.writer_links import WriterLinks
+from broker.watch import AUTH_FILE, CONFIG_FILE, RULES_FILE, FileWatch
+from broker.zap import ZapHandler, message_user, secure
+from sdk import wire
+from sdk.errors import (
+    InvalidState,
+    NotAuthorized,
+    RelayError,
+    Unavailable,
+    UnknownOperation,
+)
+from sdk.paths import Home
+from sdk.sockets import NOBLOCK, send_parts
+from workers import protocol as proto
+from workers.maildir import Mailbox
+from workers.process import run_until_stopped
+
+log = logging.getLogger("relay.router")
+
+POLL_MS = 250
+
+
+class Router:
+    def __init__(
+        self,
+        home: Home,
+        shards: int,
+        *,
+        address: str | None = None,
+        signals_address: str | None = None,
+        ctx: zmq.Context | None = None,
+    ):
+        if shards < 1:
+            raise ValueError("shards must be >= 1")
+        self.home = home.create()
+        self.shards = shards
+        self.address = address or home.router_address
+        self.signals_address = signals_address or home.signals_address
+        self.zmq = ctx or zmq.Context.instance()
+        self.stopping = False
+        self._ready = False  # every writer has said hello once
+        self._bound: list[str] = []
+
+        control = ControlPlane(home.control_db, home.mailboxes)
+        settings = Settings(self.home.root, control, self.home.owner_uid)
+        consumers = Consumers()
+        jobs = WriterJobs()
+        self.links = WriterLinks(self.zmq, shards)
+        self.ctx = Context(
+            home=self.home,
+            shards=shards,
+            control=control,
+            settings=settings,
+            directory=Directory(),
+            consumers=consumers,
+            ledger=Ledger(consumers, shards, self._waiting_in, jobs.tokens),
+            reliability=Reliability(settings.config, lambda e: self.ctx.ledger.depth(e)),
+            jobs=jobs,
+            replies=Replies(),
+            signals=SignalOutbox(),
+            rejections=RejectionLog(self.home.root / "rejections.db"),  # for ops metrics
+            writers=self.links,
+            indexes=Indexes(self.home, shards),
+            about={
+                "startedAt": now_ms(),
+                "address": self.address,
+                "signals": self.signals_address,
+            },
+        )
+        self.watch = FileWatch(self.home.root)
+
+        # Before any client socket binds: libzmq asks it about every handshake.
+        self.zap = ZapHandler(self.zmq, lambda: self.ctx.settings.auth)
+        self.clients = self._socket(zmq.ROUTER)
+        self.clients.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.clients.setsockopt(zmq.SNDHWM, 100_000)
+        # XPUB: the router sees the topics subscribed to (broker/router/signal_out.py).
+        self.signals = self._socket(zmq.XPUB)
+        secure(self.clients, self.address, home.keys)
+        secure(self.signals, self.signals_address, home.keys)
+        self.from_writers = self._socket(zmq.PULL)
+
+    def _socket(self, kind: int) -> zmq.Socket:
+        sock = self.zmq.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        return sock
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        old = os.umask(0o077)  # ipc socket files: owner only
+        try:
+            self._bind(self.clients, self.address)
+            self._bind(self.signals, self.signals_address)
+            self._bind(self.from_writers, self.home.results_address)
+            self._bound += self.links.bind(self.home.shard_address)
+        finally:
+            os.umask(old)
+        for info in self.ctx.control.list_endpoints():
+            add_endpoint(self.ctx, info)
+        self._load_files({CONFIG_FILE, RULES_FILE}, only_if_changed=True)
+        self._load_auth_file()
+        self._seed_rate_limiter()
+        log.info(
+            "router on %s, %d shards, %d endpoints",
+            self.address,
+            self.shards,
+            len(self.ctx.directory),
+        )
+
+    def _bind(self, sock: zmq.Socket, address: str) -> None:
+        sock.bind(address)
+        self._bound.append(address)
+
+    def serve(self) -> None:
+        poller = zmq.Poller()
+        for sock in (self.clients, self.from_writers, *self.links.monitors, *self.links.sockets):
+            poller.register(sock, zmq.POLLIN)
+        for waitable in (self.watch.fileno(), self.zap.socket, self.signals):
+            poller.register(waitable, zmq.POLLIN)
+        next_sweep = 0
+        while not self.stopping:
+            events_ = dict(poller.poll(POLL_MS))
+            if self.watch.fileno() in events_:
+                self._files_changed(self.watch.changed())
+            if self.zap.socket in events_:
+                self.zap.handle()
+            if self.signals in events_:
+                self._drain(self.signals, lambda f: self.ctx.signals.subscription(f[0]))
+            self._writer_links(events_)
+            if self.from_writers in events_:
+                self._drain(self.from_writers, self._on_writer)
+            if self.clients in events_:
+                self._drain_clients()
+            self._end_of_pass()
+            now = now_ms()
+            if now >= next_sweep:
+                self._sweep(now)
+                next_sweep = now + POLL_MS
+
+    def _end_of_pass(self) -> None:
+        """Send what the pass decided, claims and put-backs before the copies (a
+        put-back after a claim of the same message would take it back), replies before
+        pushes to the same client."""
+        self.ctx.ledger.feed_refilled()
+        self._send_ledger_outbox()
+        self._send_copies()
+        self._send_replies()
+        self.ctx.signals.flush(self.signals)
+
+    def _sweep(self, now: int) -> None:
+        events.sweep(self.ctx, now)
+        self.ctx.rejections.flush_due(now)
+        for identity in self.ctx.consumers.expired(now):
+            log.info(
+                "client %s silent for %d ms: session ended", identity.hex(), SESSION_TIMEOUT_MS
+            )
+            self.ctx.consumers.end_session(identity)
+        self._send_replies()
+
+    @staticmethod
+    def _drain(sock: zmq.Socket, handle: Callable[[list[bytes]], None], limit: int = 1000) -> None:
+        for _ in range(limit):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            handle(frames)
+
+    def close(self) -> None:
+        self.ctx.rejections.close()
+        self.ctx.control.close()
+        self.watch.close()
+        self.links.close()
+        for sock in (self.clients, self.signals, self.from_writers):
+            sock.close(0)
+        self.zap.close()
+        self.zmq.term()
+        for address in self._bound:  # libzmq leaves ipc socket files behind
+            if address.startswith("ipc://"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(address[len("ipc://") :])
+
+    # ------------------------------------------------------------------ clients
+
+    def _drain_clients(self, limit: int = 2000) -> None:
+        """At most about ``limit`` requests per pass (a batch counts as many), so the
+        writers' results and the sweep get their turn."""
+        handled = 0
+        while handled < limit:
+            try:
+                frames = self.clients.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            handled += self._on_client([f.bytes for f in frames], message_user(frames[0]))
+
+    def _on_client(self, frames: list[bytes], user: str | None) -> int:
+        """Handle one frame from a client; returns how many requests it held."""
+        identity, body = frames[0], frames[1:]
+        replies = self.ctx.replies
+        try:
+            requests = wire.decode_requests(body)
+        except RelayError as exc:
+            replies.add(identity, wire.error_body(wire.peek_rid(body), exc))
+            return 1
+        who = self.ctx.settings.auth.identity(user)
+        if who is None:  # admitted once, revoked since (auth.json changed)
+            self.ctx.consumers.end_session(identity)
+            error = NotAuthorized(f"the credentials of this connection ({user}) are not admitted")
+            for request in requests:
+                replies.add(identity, wire.error_body(request.rid, error))
+            return len(requests)
+        session = self.ctx.consumers.touch(identity, now_ms(), user)
+        session.who = who
+        for request in requests:
+            if self.ctx.consumers.sessions.get(identity) is not session:
+                # `bye` (or a failed send) ended the session mid-batch: what follows
+                # must not run on a detached session.
+                error = InvalidState("the session ended earlier in this batch")
+                replies.add(identity, wire.error_body(request.rid, error))
+            elif isinstance(request, wire.BadRequest):
+                replies.add(identity, wire.error_body(request.rid, request.error))
+            else:
+                self._handle(session, request)
+        return len(requests)
+
+    def _handle(self, session: Session, request: wire.Request) -> None:
+        # A signal sent with "reply": false gets no answer, not even an error: a refusal
+        # is only logged (docs/protocol.md, "signal").
+        quiet = request.op == "signal" and request.get("reply") is False
+        try:
+            result = self._run(session, request)
+        except RelayError as exc:
+            error = exc
+        except Exception as exc:  # a bug here must cost one reply, not the router
+            log.exception("operation %s failed", request.op)
+            error = RelayError(f"internal error: {exc}")
+        else:
+            if result is not DEFERRED and not quiet:
+                self.ctx.replies.add(session.identity, wire.ok_body(request.rid, result))
+            return
+        if quiet:
+            log.debug("%s without reply refused: %s %s", request.op, error.code, error.message)
+        else:
+            self.ctx.replies.add(session.identity, wire.error_body(request.rid, error))
+
+    def _run(self, session: Session, request: wire.Request) -> Any:
+        operation = OPERATIONS.get(request.op)
+        if operation is None:
+            raise UnknownOperation(f"unknown operation {request.op!r:.60}")
+        who = session.who
+        if operation.admin and not (who and who.admin):
+            name = who.name if who else session.user
+            raise NotAuthorized(f"{request.op!r} needs operator rights; {name} has none")
+        result = operation.run(self.ctx, session, operation.decode(request.body), request.rid)
+        if isinstance(result, WriterWork):
+            return self._send_work(session, request.rid, result)
+        return result
+
+    def _send_work(self, session: Session, rid: int, work: WriterWork) -> Any:
+        """Send one operation to several writers (or keep it for those not up yet);
+        the reply goes when all have answered."""
+        jobs = self.ctx.jobs
+        token, job = jobs.open(
+            session.identity, rid, len(work.args_by_shard), work.on_done, now_ms()
+        )
+        for shard, args in work.args_by_shard.items():
+            job.shards.add(shard)
+            frames = proto.op(token, work.name, **args)
+            if self.links.send(shard, frames):
+                continue
+            if self.links.is_up(shard):  # up, and not taking work: its queue is full
+                jobs.forget(token)
+                raise Unavailable(f"writer for shard {shard} is not taking work")
+            jobs.park_op(shard, token, frames)
+        return DEFERRED
+
+    # ------------------------------------------------------------------ sending
+
+    def _send_replies(self) -> None:
+        sessions = self.ctx.consumers.sessions
+        for identity in self.ctx.replies.clients():
+            self._send_replies_to(identity, sessions.get(identity))
+
+    def _send_replies_to(self, identity: bytes, session: Session | None) -> bool:
+        batches = session is not None and session.batches
+        for frame in self.ctx.replies.take(identity, batches=batches):
+            if not self._send(identity, [wire.MAGIC, frame]):
+                return False
+        return True
+
+    def _push(self, identity: bytes, frames: list[bytes]) -> bool:
+        """A message for a subscription: after the replies queued before it (a subscribe
+        reply must reach the client before the backlog it announces)."""
+        session = self.ctx.consumers.sessions.get(identity)
+        return self._send_replies_to(identity, session) and self._send(identity, frames, copy=False)
+
+    def _send(self, identity: bytes, frames: list[bytes], *, copy: bool = True) -> bool:
+        # Zero-copy only for pushes, whose file bytes may be a megabyte; small frames
+        # are cheaper copied.
+        try:
+            send_parts(self.clients, [identity, *frames], NOBLOCK, copy)
+            return True
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: the client is gone; EAGAIN: not reading
+            log.info("client %s unreachable (%s): session ended", identity.hex(), exc)
+            self.ctx.consumers.end_session(identity)
+            return False
+
+    def _send_pushes(self, pushes: list[events.Push]) -> None:
+        for push in pushes:
+            if isinstance(push, events.HandOut):
+                self._hand_out(push)
+            else:
+                self._show(push)
+
+    def _show(self, show: events.Show) -> None:
+        subject = self.ctx.directory.subject_of(show.endpoint)
+        if subject is not None:
+            for sub in self.ctx.consumers.observers(subject):
+                self._push(sub.client, wire.encode_push(sub.id, show.id, show.endpoint, show.data))
+
+    def _hand_out(self, hand_out: events.HandOut) -> None:
+        """Push a message claimed for a subscription to its client."""
+        sub_id, message_id, endpoint, data = hand_out
+        sub = self.ctx.consumers.subs.get(sub_id) if sub_id is not None else None
+        # No subscriber (it left while the claim was in flight), or its client is gone
+        # (the push found no peer): never handed out, so back to new/ rather than stay
+        # claimed by nobody.
+        if sub is None or not self._push(
+            sub.client, wire.encode_push(sub.id, message_id, endpoint, data)
+        ):
+            self.ctx.ledger.put_back(message_id, endpoint)
+            return
+        self.ctx.consumers.handed_out(sub, message_id, endpoint, _sender_of(data))
+
+    def _send_ledger_outbox(self) -> None:
+        """Send the ledger's claims and put-backs, in their order; what a writer does not
+        take goes back to the ledger."""
+        unsent = []
+        for command in self.ctx.ledger.take_outbox():
+            if isinstance(command, Claim):
+                frames = proto.claim(command.sub, command.id, command.endpoint)
+            else:
+                frames = proto.requeue(command.token, command.id, command.endpoint)
+            if not self.links.send(command.shard, frames):
+                unsent.append(command)
+        if unsent:
+            self.ctx.ledger.unsent(unsent)
+
+    def _send_copies(self) -> None:
+        """The copies decided in this pass: one message per shard (protocol.deliver).
+
+        A shard whose writer is not up (starting, restarting) keeps its copies until the
+        writer's hello; one that is up and does not take them (its queue is full) fails
+        them now."""
+        jobs = self.ctx.jobs
+        for shard, items in jobs.take_outgoing().items():
+            if self.links.send(shard, proto.deliver(items)):
+                continue
+            if self.links.is_up(shard):
+                events.copies_not_taken(self.ctx, shard, [header for header, _ in items])
+                continue
+            for message_id, endpoint in jobs.park_copies(shard, items):
+                self.ctx.ledger.storing(message_id, endpoint)
+
+    # ------------------------------------------------------------------ writers
+
+    def _writer_links(self, ready: dict[Any, int]) -> None:
+        # Disconnects before hellos: a descriptor's close is reported before a new
+        # connection can reuse it (broker/router/writer_links.py).
+        for monitor in self.links.monitors:
+            if monitor in ready and (shard := self.links.gone(monitor)) is not None:
+                events.writer_gone(self.ctx, shard)
+        for shard in self.links.take_lost():
+            events.writer_gone(self.ctx, shard)
+        for shard, sock in enumerate(self.links.sockets):
+            if sock not in ready:
+                continue
+            was_up = self.links.is_up(shard)
+            if self.links.on_hello(shard, now_ms()) is None:
+                continue
+            if was_up:  # a writer that replaces one not seen going: it went
+                events.writer_gone(self.ctx, shard)
+            self._writer_up(shard)
+
+    def _writer_up(self, shard: int) -> None:
+        log.info(
+            "writer for shard %d/%d is up (pid %d)", shard, self.shards, self.links.up[shard].pid
+        )
+        for frames in events.writer_up(self.ctx, shard):
+            if not self.links.send(shard, frames):
+                log.error("shard %d: work kept for its writer could not be sent", shard)
+        if not self._ready and all(self.links.is_up(s) for s in range(self.shards)):
+            self._ready = True
+            log.info("ready: %d writers up", self.shards)
+
+    def _on_writer(self, frames: list[bytes]) -> None:
+        try:
+            kind, header, data = proto.decode(frames)
+        except Exception:
+            log.exception("undecodable frames from a writer dropped")
+            return
+        if kind == proto.STORED:
+            self._send_pushes(events.stored(self.ctx, header, now_ms()))
+        elif kind == proto.CLAIMED:
+            self._send_pushes(events.claimed(self.ctx, header, data))
+        elif kind == proto.INGESTED:
+            self._send_pushes(events.ingested(self.ctx, header, data))
+        elif kind == proto.REPLY:
+            events.replied(self.ctx, header)
+
+    def _waiting_in(self, endpoint: str) -> list[str]:
+        try:
+            return Mailbox(self.home.mailbox(endpoint), endpoint).list_new()
+        except OSError:
+            return []
+
+    # ------------------------------------------------------------------ files
+
+    def _files_changed(self, changed: set[str]) -> None:
+        self._load_files(changed)
+        if AUTH_FILE in changed:
+            self._load_auth_file()
+
+    def _load_files(self, names: set[str], *, only_if_changed: bool = False) -> None:
+        if self.ctx.settings.load(names, only_if_changed=only_if_changed):
+            self.ctx.reliability.configure(self.ctx.config)
+
+    def _load_auth_file(self) -> None:
+        """auth.json applied: rights narrowed take effect at once, on every socket."""
+        before = self.ctx.settings.auth.users
+        policy = self.ctx.settings.load_auth()
+        if policy is None:
+            return
+        if before - policy.users:
+            self._rebind_signals()
+        self._end_subscriptions_beyond_rights()
+        self._open_sockets_to_admitted_uids()
+
+    def _end_subscriptions_beyond_rights(self) -> None:
+        """Narrowed rights (or revoked credentials) stop pushes at once, not at the next
+        subscribe. Messages already pushed stay held (ack them as usual); the client
+        learns at its next heartbeat, and subscribing again is refused."""
+        consumers, auth = self.ctx.consumers, self.ctx.settings.auth
+        for session in list(consumers.sessions.values()):
+            who = auth.identity(session.user)
+            for sub_id in sorted(session.subs):
+                sub = consumers.subs[sub_id]
+                if who is None or not who.may_consume(sub.pattern):
+                    log.warning(
+                        "subscription %d to %r ended: %s may no longer receive it (%s)",
+                        sub_id,
+                        sub.pattern,
+                        who.name if who else session.user,
+                        AUTH_FILE,
+                    )
+                    consumers.unsubscribe(sub_id)
+
+    def _rebind_signals(self) -> None:
+        """Requests are checked one by one, but a SUB connection only at its handshake:
+        drop every signal subscriber so each reconnects (libzmq does, by itself) through
+        ZAP again. Signals are ephemeral; the others miss a few milliseconds of them."""
+        self.signals.unbind(self.signals_address)
+        old = os.umask(0o077)
+        try:
+            # libzmq closes the listener on its I/O thread: the address frees up within
+            # milliseconds, not at once.
+            for _ in range(200):
+                try:
+                    self.signals.bind(self.signals_address)
+                    break
+                except zmq.ZMQError as exc:
+                    if exc.errno != zmq.EADDRINUSE:
+                        raise
+                    time.sleep(0.005)
+            else:
+                log.error("could not rebind %s: signals are down", self.signals_address)
+                return
+        finally:
+            os.umask(old)
+        log.info("signal subscribers dropped to re-check their credentials")
+
+    def _open_sockets_to_admitted_uids(self) -> None:
+        # Other uids admitted: their connect(2) must reach ZAP, which is then the gate.
+        mode = 0o666 if len(self.ctx.settings.auth.uids) > 1 else 0o600
+        for address in (self.address, self.signals_address):
+            if address.startswith("ipc://"):
+                with contextlib.suppress(OSError):
+                    os.chmod(address[len("ipc://") :], mode)
+
+    def _seed_rate_limiter(self) -> None:
+        """The rate-limit window survives a restart: refill it from the indexes."""
+        since = now_ms() - self.ctx.reliability.limiter.window_secs * 1000
+        seen: dict[str, tuple[str, int]] = {}
+        with self.ctx.indexes.open() as indexes:
+            for index in indexes:
+                for message_id, sender, created_at in index.recent_publishes(since):
+                    seen[message_id] = (sender, created_at)
+        self.ctx.reliability.seed(seen.values())
+
+
+def _sender_of(data: bytes) -> str:
+    try:
+        sender = json.loads(data).get("from")
+    except (ValueError, AttributeError):
+        return ""
+    return sender if isinstance(sender, str) else ""
+
+
+def main(
+    home: Home, shards: int, *, address: str | None = None, signals_address: str | None = None
+) -> int:
+    # Each client connection is a file descriptor: allow as many as the system lets us.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    router = Router(home, shards, address=address, signals_address=signals_address)
+    return run_until_stopped(router, home.pid_file("router"))
