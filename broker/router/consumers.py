@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from broker.auth import Identity
+from broker.auth import AuthPolicy, Identity
 from broker.sublist import Sublist
 
 SESSION_TIMEOUT_MS = 5_000
@@ -106,6 +106,21 @@ class Consumers:
             for sub_id in list(session.subs):
                 self.unsubscribe(sub_id)
         return session
+
+    def end_beyond_rights(self, policy: AuthPolicy) -> list[tuple[Subscription, str]]:
+        """End the subscriptions whose client may no longer receive what they cover
+        (auth.json narrowed, or its credentials revoked): pushes stop at once, not at
+        the next subscribe. Messages already pushed stay held (ack them as usual); the
+        client learns at its next heartbeat. Returns each ended one with who held it."""
+        ended = []
+        for session in list(self.sessions.values()):
+            who = policy.identity(session.user)
+            for sub_id in sorted(session.subs):
+                sub = self.subs[sub_id]
+                if who is None or not who.may_consume(sub.pattern):
+                    self.unsubscribe(sub_id)
+                    ended.append((sub, who.name if who else str(session.user)))
+        return ended
 
     def expired(self, now_ms: int) -> list[bytes]:
         limit = now_ms - SESSION_TIMEOUT_MS

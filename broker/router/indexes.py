@@ -71,6 +71,16 @@ class Indexes:
                 copies.extend(index.get(message_id))
         return copies
 
+    def recent_publishes(self, since: int) -> list[tuple[str, int]]:
+        """(sender, created_at) of each message published since ``since`` (ms), once
+        each, however many endpoints it reached."""
+        seen: dict[str, tuple[str, int]] = {}
+        with self.open() as indexes:
+            for index in indexes:
+                for message_id, sender, created_at in index.recent_publishes(since):
+                    seen[message_id] = (sender, created_at)
+        return list(seen.values())
+
     def with_file(self, record: MessageRecord, wire_record: dict[str, Any]) -> dict[str, Any]:
         """``wire_record`` with the message's envelope, read from its file if it is there."""
         mailbox = Mailbox(self.home.mailbox(record.endpoint), record.endpoint)

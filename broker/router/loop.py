@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import resource
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,31 +28,25 @@ import zmq
 from broker.control import ControlPlane
 from broker.rejections import RejectionLog
 from broker.reliability import Reliability
+from broker.router import dispatch
 from broker.router import writer_events as events
+from broker.router.client_links import ClientLinks
 from broker.router.consumers import SESSION_TIMEOUT_MS, Consumers, Session
 from broker.router.context import DEFERRED, Context, WriterWork, now_ms
 from broker.router.delivery import Claim, Ledger
 from broker.router.directory import Directory
 from broker.router.indexes import Indexes
 from broker.router.jobs import WriterJobs
-from broker.router.operations import OPERATIONS
 from broker.router.ops_admin import add_endpoint
 from broker.router.replies import Replies
 from broker.router.settings import Settings
 from broker.router.signal_out import SignalOutbox
 from broker.router.writer_links import WriterLinks
 from broker.watch import AUTH_FILE, CONFIG_FILE, RULES_FILE, FileWatch
-from broker.zap import ZapHandler, message_user, secure
+from broker.zap import ZapHandler
 from sdk import wire
-from sdk.errors import (
-    InvalidState,
-    NotAuthorized,
-    RelayError,
-    Unavailable,
-    UnknownOperation,
-)
+from sdk.errors import Unavailable
 from sdk.paths import Home
-from sdk.sockets import NOBLOCK, send_parts
 from workers import protocol as proto
 from workers.maildir import Mailbox
 from workers.process import run_until_stopped
@@ -114,28 +107,18 @@ class Router:
 
         # Before any client socket binds: libzmq asks it about every handshake.
         self.zap = ZapHandler(self.zmq, lambda: self.ctx.settings.auth)
-        self.clients = self._socket(zmq.ROUTER)
-        self.clients.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.clients.setsockopt(zmq.SNDHWM, 100_000)
-        # XPUB: the router sees the topics subscribed to (broker/router/signal_out.py).
-        self.signals = self._socket(zmq.XPUB)
-        secure(self.clients, self.address, home.keys)
-        secure(self.signals, self.signals_address, home.keys)
-        self.from_writers = self._socket(zmq.PULL)
-
-    def _socket(self, kind: int) -> zmq.Socket:
-        sock = self.zmq.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
-        return sock
+        self.public = ClientLinks(self.zmq, self.home, self.address, self.signals_address)
+        self.from_writers = self.zmq.socket(zmq.PULL)
+        self.from_writers.setsockopt(zmq.LINGER, 0)
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
         old = os.umask(0o077)  # ipc socket files: owner only
         try:
-            self._bind(self.clients, self.address)
-            self._bind(self.signals, self.signals_address)
-            self._bind(self.from_writers, self.home.results_address)
+            self._bound += self.public.bind()
+            self.from_writers.bind(self.home.results_address)
+            self._bound.append(self.home.results_address)
             self._bound += self.links.bind(self.home.shard_address)
         finally:
             os.umask(old)
@@ -151,15 +134,18 @@ class Router:
             len(self.ctx.directory),
         )
 
-    def _bind(self, sock: zmq.Socket, address: str) -> None:
-        sock.bind(address)
-        self._bound.append(address)
-
     def serve(self) -> None:
         poller = zmq.Poller()
-        for sock in (self.clients, self.from_writers, *self.links.monitors, *self.links.sockets):
-            poller.register(sock, zmq.POLLIN)
-        for waitable in (self.watch.fileno(), self.zap.socket, self.signals):
+        clients, signals = self.public.clients, self.public.signals
+        for waitable in (
+            clients,
+            signals,
+            self.from_writers,
+            *self.links.monitors,  # a writer that goes away is down at once
+            *self.links.sockets,
+            self.zap.socket,
+            self.watch.fileno(),
+        ):
             poller.register(waitable, zmq.POLLIN)
         next_sweep = 0
         while not self.stopping:
@@ -168,12 +154,12 @@ class Router:
                 self._files_changed(self.watch.changed())
             if self.zap.socket in events_:
                 self.zap.handle()
-            if self.signals in events_:
-                self._drain(self.signals, lambda f: self.ctx.signals.subscription(f[0]))
+            if signals in events_:
+                self._drain(signals, lambda f: self.ctx.signals.subscription(f[0]))
             self._writer_links(events_)
             if self.from_writers in events_:
                 self._drain(self.from_writers, self._on_writer)
-            if self.clients in events_:
+            if clients in events_:
                 self._drain_clients()
             self._end_of_pass()
             now = now_ms()
@@ -189,7 +175,7 @@ class Router:
         self._send_ledger_outbox()
         self._send_copies()
         self._send_replies()
-        self.ctx.signals.flush(self.signals)
+        self.ctx.signals.flush(self.public.signals)
 
     def _sweep(self, now: int) -> None:
         events.sweep(self.ctx, now)
@@ -215,8 +201,8 @@ class Router:
         self.ctx.control.close()
         self.watch.close()
         self.links.close()
-        for sock in (self.clients, self.signals, self.from_writers):
-            sock.close(0)
+        self.public.close()
+        self.from_writers.close(0)
         self.zap.close()
         self.zmq.term()
         for address in self._bound:  # libzmq leaves ipc socket files behind
@@ -230,75 +216,10 @@ class Router:
         """At most about ``limit`` requests per pass (a batch counts as many), so the
         writers' results and the sweep get their turn."""
         handled = 0
-        while handled < limit:
-            try:
-                frames = self.clients.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+        for frames, user in self.public.requests(limit):
+            handled += dispatch.client_frame(self.ctx, frames, user, self._send_work)
+            if handled >= limit:
                 return
-            handled += self._on_client([f.bytes for f in frames], message_user(frames[0]))
-
-    def _on_client(self, frames: list[bytes], user: str | None) -> int:
-        """Handle one frame from a client; returns how many requests it held."""
-        identity, body = frames[0], frames[1:]
-        replies = self.ctx.replies
-        try:
-            requests = wire.decode_requests(body)
-        except RelayError as exc:
-            replies.add(identity, wire.error_body(wire.peek_rid(body), exc))
-            return 1
-        who = self.ctx.settings.auth.identity(user)
-        if who is None:  # admitted once, revoked since (auth.json changed)
-            self.ctx.consumers.end_session(identity)
-            error = NotAuthorized(f"the credentials of this connection ({user}) are not admitted")
-            for request in requests:
-                replies.add(identity, wire.error_body(request.rid, error))
-            return len(requests)
-        session = self.ctx.consumers.touch(identity, now_ms(), user)
-        session.who = who
-        for request in requests:
-            if self.ctx.consumers.sessions.get(identity) is not session:
-                # `bye` (or a failed send) ended the session mid-batch: what follows
-                # must not run on a detached session.
-                error = InvalidState("the session ended earlier in this batch")
-                replies.add(identity, wire.error_body(request.rid, error))
-            elif isinstance(request, wire.BadRequest):
-                replies.add(identity, wire.error_body(request.rid, request.error))
-            else:
-                self._handle(session, request)
-        return len(requests)
-
-    def _handle(self, session: Session, request: wire.Request) -> None:
-        # A signal sent with "reply": false gets no answer, not even an error: a refusal
-        # is only logged (docs/protocol.md, "signal").
-        quiet = request.op == "signal" and request.get("reply") is False
-        try:
-            result = self._run(session, request)
-        except RelayError as exc:
-            error = exc
-        except Exception as exc:  # a bug here must cost one reply, not the router
-            log.exception("operation %s failed", request.op)
-            error = RelayError(f"internal error: {exc}")
-        else:
-            if result is not DEFERRED and not quiet:
-                self.ctx.replies.add(session.identity, wire.ok_body(request.rid, result))
-            return
-        if quiet:
-            log.debug("%s without reply refused: %s %s", request.op, error.code, error.message)
-        else:
-            self.ctx.replies.add(session.identity, wire.error_body(request.rid, error))
-
-    def _run(self, session: Session, request: wire.Request) -> Any:
-        operation = OPERATIONS.get(request.op)
-        if operation is None:
-            raise UnknownOperation(f"unknown operation {request.op!r:.60}")
-        who = session.who
-        if operation.admin and not (who and who.admin):
-            name = who.name if who else session.user
-            raise NotAuthorized(f"{request.op!r} needs operator rights; {name} has none")
-        result = operation.run(self.ctx, session, operation.decode(request.body), request.rid)
-        if isinstance(result, WriterWork):
-            return self._send_work(session, request.rid, result)
-        return result
 
     def _send_work(self, session: Session, rid: int, work: WriterWork) -> Any:
         """Send one operation to several writers (or keep it for those not up yet);
@@ -339,15 +260,10 @@ class Router:
         return self._send_replies_to(identity, session) and self._send(identity, frames, copy=False)
 
     def _send(self, identity: bytes, frames: list[bytes], *, copy: bool = True) -> bool:
-        # Zero-copy only for pushes, whose file bytes may be a megabyte; small frames
-        # are cheaper copied.
-        try:
-            send_parts(self.clients, [identity, *frames], NOBLOCK, copy)
+        if self.public.send(identity, frames, copy=copy):
             return True
-        except zmq.ZMQError as exc:  # EHOSTUNREACH: the client is gone; EAGAIN: not reading
-            log.info("client %s unreachable (%s): session ended", identity.hex(), exc)
-            self.ctx.consumers.end_session(identity)
-            return False
+        self.ctx.consumers.end_session(identity)  # gone, or not reading
+        return False
 
     def _send_pushes(self, pushes: list[events.Push]) -> None:
         for push in pushes:
@@ -476,70 +392,21 @@ class Router:
         if policy is None:
             return
         if before - policy.users:
-            self._rebind_signals()
-        self._end_subscriptions_beyond_rights()
-        self._open_sockets_to_admitted_uids()
-
-    def _end_subscriptions_beyond_rights(self) -> None:
-        """Narrowed rights (or revoked credentials) stop pushes at once, not at the next
-        subscribe. Messages already pushed stay held (ack them as usual); the client
-        learns at its next heartbeat, and subscribing again is refused."""
-        consumers, auth = self.ctx.consumers, self.ctx.settings.auth
-        for session in list(consumers.sessions.values()):
-            who = auth.identity(session.user)
-            for sub_id in sorted(session.subs):
-                sub = consumers.subs[sub_id]
-                if who is None or not who.may_consume(sub.pattern):
-                    log.warning(
-                        "subscription %d to %r ended: %s may no longer receive it (%s)",
-                        sub_id,
-                        sub.pattern,
-                        who.name if who else session.user,
-                        AUTH_FILE,
-                    )
-                    consumers.unsubscribe(sub_id)
-
-    def _rebind_signals(self) -> None:
-        """Requests are checked one by one, but a SUB connection only at its handshake:
-        drop every signal subscriber so each reconnects (libzmq does, by itself) through
-        ZAP again. Signals are ephemeral; the others miss a few milliseconds of them."""
-        self.signals.unbind(self.signals_address)
-        old = os.umask(0o077)
-        try:
-            # libzmq closes the listener on its I/O thread: the address frees up within
-            # milliseconds, not at once.
-            for _ in range(200):
-                try:
-                    self.signals.bind(self.signals_address)
-                    break
-                except zmq.ZMQError as exc:
-                    if exc.errno != zmq.EADDRINUSE:
-                        raise
-                    time.sleep(0.005)
-            else:
-                log.error("could not rebind %s: signals are down", self.signals_address)
-                return
-        finally:
-            os.umask(old)
-        log.info("signal subscribers dropped to re-check their credentials")
-
-    def _open_sockets_to_admitted_uids(self) -> None:
-        # Other uids admitted: their connect(2) must reach ZAP, which is then the gate.
-        mode = 0o666 if len(self.ctx.settings.auth.uids) > 1 else 0o600
-        for address in (self.address, self.signals_address):
-            if address.startswith("ipc://"):
-                with contextlib.suppress(OSError):
-                    os.chmod(address[len("ipc://") :], mode)
+            self.public.rebind_signals()
+        for sub, name in self.ctx.consumers.end_beyond_rights(policy):
+            log.warning(
+                "subscription %d to %r ended: %s may no longer receive it (%s)",
+                sub.id,
+                sub.pattern,
+                name,
+                AUTH_FILE,
+            )
+        self.public.admit_other_uids(len(policy.uids) > 1)
 
     def _seed_rate_limiter(self) -> None:
         """The rate-limit window survives a restart: refill it from the indexes."""
         since = now_ms() - self.ctx.reliability.limiter.window_secs * 1000
-        seen: dict[str, tuple[str, int]] = {}
-        with self.ctx.indexes.open() as indexes:
-            for index in indexes:
-                for message_id, sender, created_at in index.recent_publishes(since):
-                    seen[message_id] = (sender, created_at)
-        self.ctx.reliability.seed(seen.values())
+        self.ctx.reliability.seed(self.ctx.indexes.recent_publishes(since))
 
 
 def _sender_of(data: bytes) -> str:
