@@ -81,6 +81,7 @@ class Router:
         settings = Settings(self.home.root, control, self.home.owner_uid)
         consumers = Consumers()
         jobs = WriterJobs()
+        ledger = Ledger(consumers, shards, self._waiting_in, jobs.tokens)
         self.links = WriterLinks(self.zmq, shards)
         self.ctx = Context(
             home=self.home,
@@ -89,8 +90,8 @@ class Router:
             settings=settings,
             directory=Directory(),
             consumers=consumers,
-            ledger=Ledger(consumers, shards, self._waiting_in, jobs.tokens),
-            reliability=Reliability(settings.config, lambda e: self.ctx.ledger.depth(e)),
+            ledger=ledger,
+            reliability=Reliability(settings.config, ledger.depth),
             jobs=jobs,
             replies=Replies(),
             signals=SignalOutbox(),
