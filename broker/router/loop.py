@@ -91,7 +91,7 @@ class Router:
             directory=Directory(),
             consumers=consumers,
             ledger=ledger,
-            reliability=Reliability(settings.config, ledger.depth),
+            reliability=Reliability(settings.config),
             jobs=jobs,
             replies=Replies(),
             signals=SignalOutbox(),

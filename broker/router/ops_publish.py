@@ -124,7 +124,8 @@ def _stored_budget(ctx: Context, message_id: str, endpoint_subject: str) -> Budg
 
 def _gate(ctx: Context, target: EndpointInfo, sender: str, now: int) -> tuple[Refusal | None, bool]:
     """Backpressure, then the circuit breaker, for one target of a publish."""
-    refusal, probe, signals = ctx.reliability.gate(target.hash, target.subject, sender, now)
+    depth = ctx.ledger.depth(target.hash)
+    refusal, probe, signals = ctx.reliability.gate(target.hash, target.subject, sender, depth, now)
     for subject, signal_ in signals:
         ctx.signals.add(subject, signal_.to_wire())
     if refusal is not None:
@@ -154,7 +155,9 @@ def publish_result(
         "messageId": message_id,
         "deliveredTo": delivered,
         "rejected": rejected,
-        "mailboxPressure": {e: ctx.reliability.pressure_of(e).ratio for e in touched},
+        "mailboxPressure": {
+            e: ctx.reliability.pressure_of(ctx.ledger.depth(e)).ratio for e in touched
+        },
         "details": details,
     }
 

@@ -22,7 +22,7 @@ def endpoints(ctx: Context, session: Session, req: Empty, rid: int) -> Any:
 
 
 def _endpoint_status(ctx: Context, info: EndpointInfo) -> dict[str, Any]:
-    load = ctx.reliability.pressure_of(info.hash)
+    load = ctx.reliability.pressure_of(ctx.ledger.depth(info.hash))
     return {
         **info.to_wire(),
         "depth": load.depth,
