@@ -54,8 +54,7 @@ class Replies:
         shrink. A TTL already past can no longer be delivered, so it may be reused."""
         with self._lock:
             self._issued = {t for t in self._issued if t >= now_ms}
-            while ttl in self._issued:
-                ttl -= 1
+            ttl = free_ttl(ttl, self._issued)
             reply: Future = Future()
             self._issued.add(ttl)
             self._waiting[ttl] = reply
@@ -76,6 +75,13 @@ class Replies:
                 "request's budget)"
             )
         reply.set_result(envelope)
+
+
+def free_ttl(ttl: int, taken: set[int]) -> int:
+    """The latest TTL at most ``ttl`` that is not taken."""
+    while ttl in taken:
+        ttl -= 1
+    return ttl
 
 
 def now_ms() -> int:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -19,7 +21,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from edges.mcp_tools import TOOLS
 from sdk.subjects import endpoint_hash
-from tests.harness import ROOT, Broker
+from tests.harness import ROOT, Broker, depth, free_port, signals_flowing, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -282,8 +284,6 @@ def test_a_bad_call_is_a_tool_error_that_starts_with_the_relay_code(broker: Brok
 
 
 def test_signal_reaches_a_subscriber_of_its_subject(broker: Broker) -> None:
-    from tests.harness import signals_flowing, wait_for
-
     watcher = broker.client()
     seen: list[Any] = []
     signals_flowing(watcher, B)
@@ -319,3 +319,32 @@ def test_inbox_with_wait_s_returns_a_message_sent_during_the_wait(broker: Broker
 async def _subscribed(broker: Broker) -> bool:
     """Whether some client consumes: the waiting inbox's claim is in place."""
     return broker.client().status()["subscriptions"] > 0
+
+
+def test_http_serves_the_same_tools_at_slash_mcp(broker: Broker) -> None:
+    """`--http HOST:PORT`: streamable HTTP instead of stdio, same tools, same sender."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "broker.cli", "--home", str(broker.home.root), "mcp"]
+    cmd += ["--as", A, "--http", f"127.0.0.1:{port}"]
+    with (broker.logs / "mcp-http.log").open("a") as log:
+        server = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: _listening(port), 30, what="relay mcp --http to listen")
+
+        async def scenario() -> dict[str, Any]:
+            async with Client(f"http://127.0.0.1:{port}/mcp") as alice:
+                assert len((await alice.list_tools()).tools) == len(TOOLS)
+                await call(alice, "relay_register_endpoint", subject=B)
+                return await call(alice, "relay_send", subject=B, payload="over http")
+
+        sent = anyio.run(scenario)
+        assert sent["deliveredTo"] == 1
+        assert depth(broker.client(), B) == 1
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
