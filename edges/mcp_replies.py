@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 
 from sdk.client import Client
 from sdk.types import Envelope
@@ -68,13 +68,21 @@ class Replies:
     def _route(self, envelope: Envelope) -> None:
         with self._lock:
             reply = self._waiting.pop(envelope.budget.ttl, None)
-        if reply is None:
+        if reply is None or not _resolved(reply, envelope):
             raise UnexpectedReply(
                 f"no relay_send_and_wait of this server waits for a reply with TTL "
                 f"{envelope.budget.ttl} (its wait ended, or the reply did not carry the "
                 "request's budget)"
             )
+
+
+def _resolved(reply: Future, envelope: Envelope) -> bool:
+    """Hand the reply to its waiter; False when the wait was cancelled just now."""
+    try:
         reply.set_result(envelope)
+    except InvalidStateError:
+        return False
+    return True
 
 
 def free_ttl(ttl: int, taken: set[int]) -> int:

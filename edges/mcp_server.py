@@ -15,6 +15,8 @@ with the Relay code (``sender_not_allowed: ...``), see docs/operations.md, "MCP"
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import inspect
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -82,7 +84,7 @@ class RelayTools:
                 payload,
                 sender=self.sender,
                 reply_to=self.replies.subject,
-                budget=Budget(**{**_fields(budget), "ttl": ttl}),
+                budget=dataclasses.replace(budget, ttl=ttl),
             )
             _delivered(result)
         except BaseException:
@@ -171,12 +173,15 @@ class RelayTools:
                 raise UnknownOperation(f"no tool {tool!r}; list_tools names them")
             args = checked_arguments(tool, arguments)
             run = self.handler(tool)
-            if asyncio.iscoroutinefunction(run):
+            if inspect.iscoroutinefunction(run):
                 data = await run(**args)
             else:
                 data = await anyio.to_thread.run_sync(lambda: run(**args))
         except RelayError as exc:
             return _result(error_text(exc.code, exc.message), error=True)
+        except Exception as exc:  # a bug here must not end the agent's session
+            log.exception("tool %s failed", tool)
+            return _result(error_text("internal", f"{type(exc).__name__}: {exc}"), error=True)
         return _result(as_text(data))
 
 
@@ -192,10 +197,6 @@ def _delivered(result: PublishResult) -> dict[str, Any]:
         code, sentence = refusal
         raise Refused(f"{sentence} (message {result.message_id})", code=code)
     return data
-
-
-def _fields(budget: Budget) -> dict[str, Any]:
-    return {name: getattr(budget, name) for name in Budget.__dataclass_fields__}
 
 
 def _result(text: str, *, error: bool = False) -> types.CallToolResult:

@@ -11,6 +11,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -76,6 +77,11 @@ async def read_one(client: Client, endpoint: str) -> dict[str, Any]:
     return found[0]
 
 
+async def into(result: dict[str, Any], pending: Awaitable[Any]) -> None:
+    """Await a tool call (in a task of its own), its JSON result into ``result``."""
+    result.update(await pending)
+
+
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
     anyio.run(scenario)
 
@@ -101,20 +107,9 @@ def test_two_agents_exchange_a_request_and_its_reply(broker: Broker) -> None:
         async with agent(broker, A) as alice, agent(broker, B) as bob:
             await call(bob, "relay_register_endpoint", subject=B)
             answer: dict[str, Any] = {}
-
-            async def ask() -> None:
-                answer.update(
-                    await call(
-                        alice,
-                        "relay_send_and_wait",
-                        subject=B,
-                        payload={"content": "2+2?"},
-                        timeout_s=30,
-                    )
-                )
-
+            ask = call(alice, "relay_send_and_wait", subject=B, payload={"content": "2+2?"})
             async with anyio.create_task_group() as tasks:
-                tasks.start_soon(ask)
+                tasks.start_soon(into, answer, ask)
                 request = await read_one(bob, B)
                 assert request["payload"] == {"content": "2+2?"}
                 assert request["from"] == A
@@ -259,6 +254,23 @@ def test_send_and_wait_without_a_reply_is_a_timeout_tool_error(broker: Broker) -
     run(scenario)
 
 
+def test_a_reply_after_the_wait_ended_is_refused_to_the_replier(broker: Broker) -> None:
+    """The request's TTL is the end of the wait: a late reply is refused, not stored."""
+
+    async def scenario() -> None:
+        async with agent(broker, A) as alice, agent(broker, B) as bob:
+            await call(bob, "relay_register_endpoint", subject=B)
+            text = await refusal(alice, "relay_send_and_wait", subject=B, payload=1, timeout_s=0.5)
+            assert text.startswith("timeout: "), text
+            request = await read_one(bob, B)
+            ttl = request["budget"]["ttl"]
+            wait_for(lambda: time.time() * 1000 > ttl, what="the request's TTL to pass")
+            late = await refusal(bob, "relay_reply", id=request["id"], payload="too late")
+            assert late.startswith("budget_exceeded: message expired (TTL)"), late
+
+    run(scenario)
+
+
 BAD_CALLS = [  # tool, arguments, how its tool error starts
     ("relay_send", {"payload": 1}, "invalid_message: relay_send: 'subject' is a required"),
     ("relay_inbox", {"endpoint": B, "limit": 0}, "invalid_message: relay_inbox: argument 'limit'"),
@@ -303,12 +315,8 @@ def test_inbox_with_wait_s_returns_a_message_sent_during_the_wait(broker: Broker
         async with agent(broker, A) as alice, agent(broker, B) as bob:
             await call(bob, "relay_register_endpoint", subject=B)
             read: dict[str, Any] = {}
-
-            async def wait_for_mail() -> None:
-                read.update(await call(bob, "relay_inbox", endpoint=B, wait_s=30))
-
             async with anyio.create_task_group() as tasks:
-                tasks.start_soon(wait_for_mail)
+                tasks.start_soon(into, read, call(bob, "relay_inbox", endpoint=B, wait_s=30))
                 await eventually(lambda: _subscribed(broker), "bob's inbox to wait")
                 await call(alice, "relay_send", subject=B, payload="while you waited")
             assert [m["payload"] for m in read["messages"]] == ["while you waited"]
