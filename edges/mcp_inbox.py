@@ -51,7 +51,8 @@ class Inbox:
         self._held: dict[str, Held] = {}
         self._seen: OrderedDict[str, Envelope] = OrderedDict()
         self._arrivals: dict[str, int] = {}  # messages held so far, by endpoint subject
-        self._arrived = threading.Condition()  # notified at each arrival
+        self._arrived = threading.Condition()  # notified at each arrival, and at close
+        self._closed = False
 
     # ------------------------------------------------------------------ reading
 
@@ -99,7 +100,8 @@ class Inbox:
                 stops.append(self._client.subscribe(endpoint, self._hold, credit=1))
             with self._arrived:
                 self._arrived.wait_for(
-                    lambda: self._arrivals.get(endpoint, 0) - before >= count, timeout=patience
+                    lambda: self._closed or self._arrivals.get(endpoint, 0) - before >= count,
+                    timeout=patience,
                 )
         finally:
             for stop in stops:
@@ -126,6 +128,12 @@ class Inbox:
         self._seen[envelope.id] = envelope
         while len(self._seen) > REMEMBERED:
             self._seen.popitem(last=False)
+
+    def close(self) -> None:
+        """End the reads that wait (the server is going away): nothing more is claimed."""
+        with self._arrived:
+            self._closed = True
+            self._arrived.notify_all()
 
     # ------------------------------------------------------------------ answering
 

@@ -176,7 +176,8 @@ class RelayTools:
             if inspect.iscoroutinefunction(run):
                 data = await run(**args)
             else:
-                data = await anyio.to_thread.run_sync(lambda: run(**args))
+                # Abandoned when the session ends; close() then ends the waits in it.
+                data = await anyio.to_thread.run_sync(lambda: run(**args), abandon_on_cancel=True)
         except RelayError as exc:
             return _result(error_text(exc.code, exc.message), error=True)
         except Exception as exc:  # a bug here must not end the agent's session
@@ -246,9 +247,13 @@ async def serve_http(server: Server, host: str, port: int) -> None:
 
 def serve(client: Client, sender: str, http: str | None = None) -> None:
     """Serve the tools until the host closes stdin (stdio) or the process is stopped."""
-    server = build_server(RelayTools(client, sender))
-    if http is None:
-        anyio.run(serve_stdio, server)
-        return
-    host, _, port = http.rpartition(":")
-    anyio.run(serve_http, server, host or "127.0.0.1", int(port))
+    tools = RelayTools(client, sender)
+    server = build_server(tools)
+    try:
+        if http is None:
+            anyio.run(serve_stdio, server)
+        else:
+            host, _, port = http.rpartition(":")
+            anyio.run(serve_http, server, host or "127.0.0.1", int(port))
+    finally:
+        tools.inbox.close()  # a relay_inbox still waiting would hold the exit up
