@@ -22,6 +22,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from edges.mcp_tools import TOOLS
 from sdk.subjects import endpoint_hash
+from sdk.types import Envelope
 from tests.harness import ROOT, Broker, depth, free_port, signals_flowing, wait_for
 
 pytestmark = pytest.mark.integration
@@ -269,6 +270,41 @@ def test_a_reply_after_the_wait_ended_is_refused_to_the_replier(broker: Broker) 
             assert late.startswith("budget_exceeded: message expired (TTL)"), late
 
     run(scenario)
+
+
+def test_a_reply_without_the_requests_budget_is_a_dead_letter_not_the_answer(
+    broker: Broker,
+) -> None:
+    """Only a reply that carries the request's budget answers it; another message on the
+    reply endpoint is nacked with the reason, and the wait goes on."""
+    responder = broker.client()
+    requests: list[Envelope] = []
+    responder.register_endpoint(B)
+    responder.subscribe(B, requests.append)
+
+    async def scenario() -> None:
+        async with agent(broker, A) as alice:
+            answer: dict[str, Any] = {}
+            ask = call(alice, "relay_send_and_wait", subject=B, payload="2+2?")
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(into, answer, ask)
+                request = (await eventually(lambda: _now(requests), "the request"))[0]
+                responder.publish(request.reply_to, "fresh budget", sender=B)
+
+                async def letters() -> list[dict[str, Any]]:
+                    found = await call(alice, "relay_dead_letters", endpoint=request.reply_to)
+                    return found["items"]
+
+                letter = (await eventually(letters, "the unmatched reply's dead letter"))[0]
+                assert "did not carry the request's budget" in letter["reason"]
+                responder.reply(request, "4", sender=B)
+            assert answer["reply"]["payload"] == "4"
+
+    run(scenario)
+
+
+async def _now(items: list[Any]) -> list[Any]:
+    return items
 
 
 BAD_CALLS = [  # tool, arguments, how its tool error starts
