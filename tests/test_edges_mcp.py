@@ -20,6 +20,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
+from edges.mcp_inbox import MAX_HELD
 from edges.mcp_tools import TOOLS
 from sdk.subjects import endpoint_hash
 from sdk.types import Envelope
@@ -224,6 +225,28 @@ def test_inbox_claims_no_more_than_its_limit_and_lists_what_is_still_held(
             rest = await call(bob, "relay_inbox", endpoint=B, limit=2)
             assert [m["payload"] for m in rest["messages"]] == [2]
             assert rest["stillHeld"] == [m["id"] for m in first["messages"]]
+
+    run(scenario)
+
+
+def test_inbox_holds_at_most_max_held_messages_then_asks_for_answers(broker: Broker) -> None:
+    sdk = broker.client()
+    sdk.register_endpoint(B)
+    for n in range(MAX_HELD + 1):
+        sdk.publish(B, n, sender=A)
+
+    async def scenario() -> None:
+        async with agent(broker, B) as bob:
+            held = 0
+            while held < MAX_HELD:
+                held += len((await call(bob, "relay_inbox", endpoint=B, limit=50))["messages"])
+            assert held == MAX_HELD
+            text = await refusal(bob, "relay_inbox", endpoint=B)
+            assert text.startswith(f"limit_exceeded: {MAX_HELD} messages read and not answered")
+            oldest = min(p["id"] for p in sdk.pending(B))  # all claimed by bob by now
+            await call(bob, "relay_ack", endpoint=B, id=oldest)
+            last = await call(bob, "relay_inbox", endpoint=B)
+            assert [m["payload"] for m in last["messages"]] == [MAX_HELD]
 
     run(scenario)
 
