@@ -166,9 +166,11 @@ def test_a_send_while_holding_a_message_carries_its_budget(broker: Broker) -> No
             await call(alice, "relay_send", subject=B, payload="hop 1")
             await read_one(bob, B)  # held, not acked
             await call(bob, "relay_send", subject=A, payload="hop 2")
-            await read_one(alice, A)
+            forwarded = await read_one(alice, A)
+            assert forwarded["budget"]["ancestorChain"] == [B, A]
+            assert forwarded["budget"]["hopCount"] == 2
             text = await refusal(alice, "relay_send", subject=B, payload="hop 3")
-            assert text.startswith("budget_exceeded: "), text
+            assert text.startswith(f"budget_exceeded: cycle detected: {B} already in chain"), text
 
     run(scenario)
 
