@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from cli.auth import cmd_auth
+from cli.edges import cmd_mcp
 from cli.launch import cmd_ops, cmd_router, cmd_up, cmd_writer
 from cli.operator import (
     cmd_config,
@@ -129,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--admin", action="store_true", help="may change config, rules, purge...")
     p.add_argument("--name", help="a name for people (default: the key name or uid)")
     p.add_argument("--dir", help="where add-key writes the certificate (default <home>/keys)")
+    p = command("mcp", cmd_mcp, "an MCP server: Relay's tools for one agent (stdio)")
+    p.add_argument("--as", dest="sender", required=True, help="the sender subject it acts as")
+    p.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP at /mcp instead")
     p = command("ops", cmd_ops, "Spark jobs: compaction and metrics", client=False)
     p.add_argument("ops_args", nargs=argparse.REMAINDER, help="compact|metrics [options]")
     return parser

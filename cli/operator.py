@@ -18,7 +18,9 @@ from sdk.client import Client, connect
 from sdk.types import AccessRule, Envelope, Signal
 
 
-def _client(args: argparse.Namespace) -> Client:
+def client_from_args(args: argparse.Namespace) -> Client:
+    """The client the common options of a command that talks to the broker describe
+    (--address, --timeout, --key-file, --server-key; cli/main.py)."""
     return connect(
         args.home,
         address=args.address,
@@ -36,7 +38,7 @@ def _payload(text: str) -> Any:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_from_args(args) as client:
         result = client.publish(
             args.subject, _payload(args.payload), sender=args.sender, reply_to=args.reply_to
         )
@@ -70,7 +72,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
         if args.count and seen >= args.count:
             done.set()
 
-    with _client(args) as client:
+    with client_from_args(args) as client:
         subscribe = client.observe if args.observe else client.subscribe
         subscribe(args.pattern, show)
         signal.signal(signal.SIGTERM, lambda *_: done.set())
@@ -80,7 +82,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
 
 
 def cmd_endpoints(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_from_args(args) as client:
         if args.action == "register":
             info = client.register_endpoint(args.subject).to_wire()
             emit(args, info, lambda d: f"{d['subject']} -> {d['maildirPath']}")
@@ -105,7 +107,7 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_from_args(args) as client:
         if args.action == "add":
             rule = AccessRule.from_wire(
                 {
@@ -140,7 +142,7 @@ def _letters_table(items: list[dict[str, Any]]) -> str:
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_from_args(args) as client:
         if args.action == "purge":
             purged = client.purge_dead_letters(args.endpoint)
             emit(args, {"purged": purged}, lambda d: f"purged {purged} dead letters")
@@ -151,7 +153,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
 
 
 def cmd_pending(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_from_args(args) as client:
         if args.complete or args.fail or args.requeue:
             info = client.status()["endpoints"]
             endpoint = next((e["hash"] for e in info if e["subject"] == args.subject), None)
@@ -186,7 +188,7 @@ def cmd_pending(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_from_args(args) as client:
         status = client.status()
 
     def human(s: dict[str, Any]) -> str:
@@ -213,7 +215,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_from_args(args) as client:
         trace = client.trace(args.id)
 
     def human(t: dict[str, Any]) -> str:
@@ -241,7 +243,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_signals(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_from_args(args) as client:
         if args.send:
             body = {
                 "type": args.send,
@@ -266,7 +268,7 @@ def cmd_signals(args: argparse.Namespace) -> int:
 
 
 def cmd_rebuild_index(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_from_args(args) as client:
         count = client.rebuild_index()
     emit(args, {"messages": count}, lambda d: f"index rebuilt from the Maildir: {count} messages")
     return 0
@@ -290,7 +292,7 @@ def _put_setting(partial: dict[str, Any], item: str) -> bool:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_from_args(args) as client:
         if args.action == "set":
             partial: dict[str, Any] = {}
             for item in args.settings:
