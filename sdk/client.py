@@ -68,6 +68,7 @@ class Client(ClientPlumbing):
         self._lock = threading.Lock()
         self._closed = False
         self._subs: dict[int, SubscriptionWorker] = {}
+        self._renew_lock = threading.Lock()  # finding which lost workers to renew
         # Workers whose answers wait for their deadline (the I/O thread looks at these).
         self._answers_waiting: set[SubscriptionWorker] = set()
         self._ending = False  # close() has begun: answers leave through it, before "bye"

@@ -311,17 +311,29 @@ class ClientPlumbing:
         held = set(held)
         # A copy: handler and renewal threads change the dict meanwhile. An ended worker
         # (unsubscribe() under way) is not lost, whatever the router says.
-        lost = [w for sub_id, w in list(self._subs.items()) if sub_id not in held and not w.ended]
+        lost = [
+            (w, w.renewals)
+            for sub_id, w in list(self._subs.items())
+            if sub_id not in held and not w.ended
+        ]
         if lost:
             threading.Thread(target=self._renew, args=(lost,), daemon=True).start()
 
-    def _renew(self, workers: list[SubscriptionWorker]) -> None:
+    def _renew(self, lost: list[tuple[SubscriptionWorker, int]]) -> None:
+        """Subscribe again for each worker found lost at its ``renewals`` count."""
         # Every lost one leaves _subs before any is renewed: the new router's ids may be
-        # the old ids of others still waiting (a renewed one must not overwrite them),
-        # and a second heartbeat's renewal finds them gone and does nothing.
-        workers = [w for w in workers if not w.ended and self._subs.get(w.sub) is w]
-        for worker in workers:
-            del self._subs[worker.sub]
+        # the old ids of others still waiting (a renewed one must not overwrite them).
+        # Under the lock, and only if not renewed since it was found lost: two renewals
+        # of one loss (two heartbeats' threads) must not subscribe it twice.
+        with self._renew_lock:
+            workers = [
+                w
+                for w, renewals in lost
+                if not w.ended and w.renewals == renewals and self._subs.get(w.sub) is w
+            ]
+            for worker in workers:
+                worker.renewals += 1
+                del self._subs[worker.sub]
         for worker in workers:
             log.warning(
                 "subscription %s to %r was lost by the broker; subscribing again",

@@ -51,6 +51,7 @@ class SubscriptionWorker:
         self.mode = mode
         self.fields = fields  # the subscribe request, to renew it
         self.sub = 0
+        self.renewals = 0  # times subscribed again after the broker lost it
         self.answers_together = 1  # set from the subscribe reply's credit
         self.queue: queue.Queue[Delivery | None] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="relay-handler", daemon=True)

@@ -383,7 +383,7 @@ def test_a_heartbeat_answered_during_unsubscribe_does_not_bring_it_back(broker):
         result = real_call(op, **fields)
         if op == "unsubscribe":  # the router dropped it; a heartbeat says so now
             client._check_subscriptions({"subs": []})
-            client._renew([worker])  # what the heartbeat's thread would do
+            client._renew([(worker, worker.renewals)])  # what the heartbeat's thread does
         return result
 
     client._call = call
@@ -402,13 +402,32 @@ def test_subscriptions_renewed_after_a_router_restart_keep_their_own_handlers(br
     client.subscribe(A, lambda e: got[A].append(e.id))  # sub 1
     client.subscribe(B, lambda e: got[B].append(e.id))  # sub 2
     other.observe(B, lambda e: None)  # sub 3
+    for c in (client, other):  # the test renews, in its order, not their heartbeats
+        c._check_subscriptions = lambda pong: None
     broker.kill("router")
     broker.start_router()
     broker.wait_ready()
     # The other client renews first and takes id 1; then this one: A gets 2, while B's
     # worker still sits under its old id 2.
-    other._renew(list(other._subs.values()))
-    client._renew(list(client._subs.values()))
-    wait_for(lambda: client.status()["subscriptions"] == 3, what="three subscriptions held")
+    other._renew([(w, w.renewals) for w in other._subs.values()])
+    client._renew([(w, w.renewals) for w in client._subs.values()])
+    assert client.status()["subscriptions"] == 3
     ids = {s: client.publish(s, 1, sender=SENDER).message_id for s in (A, B)}
     wait_for(lambda: got == {A: [ids[A]], B: [ids[B]]}, what=f"both handlers (got {got})")
+
+
+def test_two_renewals_of_one_loss_subscribe_once(broker):
+    """Two heartbeats that both find a subscription lost start two renewals; the one
+    that runs second, after the first has renewed it, must not subscribe it again."""
+    client = broker.client()
+    client.register_endpoint(A)
+    client._check_subscriptions = lambda pong: None  # the test plays the heartbeats
+    client.subscribe(A, lambda e: None)
+    broker.kill("router")
+    broker.start_router()
+    broker.wait_ready()
+    lost = [(w, w.renewals) for w in client._subs.values()]
+    client._renew(lost)
+    client._renew(lost)  # the second heartbeat's thread, late
+    assert client.status()["subscriptions"] == 1
+    assert len(client._subs) == 1
