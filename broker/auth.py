@@ -27,7 +27,8 @@ CURVE key must be listed. Without the file, that is single-user local use as bef
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from sdk.errors import InvalidConfig, RelayError
@@ -44,6 +45,9 @@ class Identity:
     admin: bool = False  # may change config and rules, purge, complete others' messages
     # endpoint subject patterns whose messages it may receive; None: the senders'
     consumes: tuple[str, ...] | None = None
+    # a federation bridge (docs/federation.md): origin node -> the sender patterns that
+    # node may relay; None: only the unrestricted operator (the owner) may relay
+    relays: Mapping[str, tuple[str, ...]] | None = field(default=None, hash=False)
 
     @property
     def unrestricted(self) -> bool:
@@ -65,6 +69,14 @@ class Identity:
         if ">" in receives:
             return True
         return any(covers(allowed, pattern) for allowed in receives)
+
+    def may_relay(self, node: str, sender: str) -> bool:
+        """Whether this bridge may hand in messages of ``sender`` coming from ``node``:
+        one compromised node cannot speak for another node's agents."""
+        if self.relays is None:  # the owner could write the mail files anyway
+            return self.unrestricted and self.admin
+        patterns = self.relays.get(node, ())
+        return self.may_send_as(sender) and any(matches(sender, p) for p in patterns)
 
 
 def owner_identity() -> Identity:
@@ -152,7 +164,7 @@ def _key(raw: str, path: str) -> str:
 
 def _identity(entry: Any, path: str) -> Identity:
     entry = _object(entry, path)
-    unknown = set(entry) - {"name", "senders", "consumes", "admin"}
+    unknown = set(entry) - {"name", "senders", "consumes", "admin", "relays"}
     if unknown:
         raise InvalidConfig(f"{AUTH_FILE}: {path}: unknown field(s) {sorted(unknown)}")
     name = entry.get("name", path)
@@ -165,7 +177,13 @@ def _identity(entry: Any, path: str) -> Identity:
     consumes = entry.get("consumes")
     if consumes is not None:
         consumes = _patterns(consumes, f"{path}.consumes")
-    return Identity(name, senders, admin, consumes)
+    relays = entry.get("relays")
+    if relays is not None:
+        relays = {
+            node: _patterns(patterns, f"{path}.relays.{node}")
+            for node, patterns in _object(relays, f"{path}.relays").items()
+        }
+    return Identity(name, senders, admin, consumes, relays and MappingProxyType(relays))
 
 
 def _patterns(value: Any, path: str) -> tuple[str, ...]:

@@ -124,6 +124,18 @@ class AsyncClient:
         future = self.sync.reply_async(envelope, payload, sender=sender, reply_to=reply_to)
         return await self._wait(future, "publish", None)
 
+    async def ingest(
+        self,
+        envelope: Envelope,
+        subjects: list[str],
+        *,
+        node: str,
+        timeout: float | None = None,
+    ) -> PublishResult:
+        """A message relayed from another node (docs/federation.md), stored once."""
+        future = self.sync.ingest_async(envelope, subjects, node=node)
+        return await self._wait(future, "ingest", timeout)
+
     # ------------------------------------------------------------------ consuming
 
     async def subscribe(

@@ -141,18 +141,7 @@ class Client(ClientPlumbing):
         if parent_id is not None:
             fields["parentId"] = parent_id
         raw = self.request("publish", **fields)
-        result: Future = Future()
-
-        def convert(done: Future) -> None:
-            if result.cancelled():
-                return
-            try:
-                result.set_result(PublishResult.from_wire(done.result()))
-            except BaseException as exc:
-                result.set_exception(exc)
-
-        raw.add_done_callback(convert)
-        return result
+        return _publish_result(raw)
 
     def publish(
         self,
@@ -193,6 +182,26 @@ class Client(ClientPlumbing):
             budget=envelope.budget,
             parent_id=envelope.id,
         )
+
+    def ingest_async(self, envelope: Envelope, subjects: list[str], *, node: str) -> Future:
+        """`ingest` without waiting; the future resolves to a PublishResult."""
+        raw = self.request(
+            "ingest", node=node, subjects=list(subjects), envelope=envelope.to_wire()
+        )
+        return _publish_result(raw)
+
+    def ingest(
+        self,
+        envelope: Envelope,
+        subjects: list[str],
+        *,
+        node: str,
+        timeout: float | None = None,
+    ) -> PublishResult:
+        """Hand in a message relayed from another node (a federation bridge's call,
+        docs/federation.md): stored under ``envelope.id`` on the local endpoints named in
+        ``subjects``, at most once each however often it is handed in."""
+        return self._wait(self.ingest_async(envelope, subjects, node=node), "ingest", timeout)
 
     # ------------------------------------------------------------------ consuming
 
@@ -424,3 +433,19 @@ def connect(
         server_key = server_key or os.environ.get("RELAY_SERVER_KEY")
         curve = client_keys(key_file, server_key or where.server_public_key_file)
     return Client(address, timeout=timeout, curve=curve)
+
+
+def _publish_result(raw: Future) -> Future:
+    """A future of the reply to a publish (or ingest), resolving to a PublishResult."""
+    result: Future = Future()
+
+    def convert(done: Future) -> None:
+        if result.cancelled():
+            return
+        try:
+            result.set_result(PublishResult.from_wire(done.result()))
+        except BaseException as exc:
+            result.set_exception(exc)
+
+    raw.add_done_callback(convert)
+    return result

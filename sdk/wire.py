@@ -42,6 +42,7 @@ OPERATIONS = frozenset(
         "ping",
         "bye",
         "publish",
+        "ingest",
         "register",
         "unregister",
         "endpoints",

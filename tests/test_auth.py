@@ -163,3 +163,30 @@ def test_every_admin_operation_is_a_real_operation():
     from broker.router import ADMIN_OPS, OPERATIONS
 
     assert OPERATIONS.keys() >= ADMIN_OPS
+
+
+def test_a_bridge_relays_for_each_origin_node_only_that_nodes_senders():
+    bridge = {"senders": [">"], "relays": {"a": ["relay.agent.a.>"], "c": ["relay.c.*"]}}
+    who = policy(uids={"1001": bridge}).identity("uid:1001")
+    assert who.may_relay("a", "relay.agent.a.x")
+    assert who.may_relay("c", "relay.c.x")
+    assert not who.may_relay("a", "relay.c.x")  # a speaking for c's agents
+    assert not who.may_relay("b", "relay.agent.a.x")  # a node not listed
+
+
+def test_relaying_is_bounded_by_the_senders_too_and_off_without_relays():
+    narrow = {"senders": ["relay.agent.a.one"], "relays": {"a": ["relay.agent.a.>"]}}
+    assert (
+        not policy(uids={"1001": narrow}).identity("uid:1001").may_relay("a", "relay.agent.a.two")
+    )
+    plain = policy(uids={"1001": {"senders": [">"]}}).identity("uid:1001")
+    assert not plain.may_relay("a", "relay.agent.a.x")
+    assert AuthPolicy(OWNER).identity("uid:1000").may_relay("any", "relay.x")
+
+
+@pytest.mark.parametrize(
+    "relays", [["relay.a.>"], {"a": "relay.a.>"}, {"a": ["not a subject"]}], ids=str
+)
+def test_a_malformed_relays_map_is_refused(relays):
+    with pytest.raises(InvalidConfig):
+        policy(uids={"1001": {"senders": [">"], "relays": relays}})

@@ -62,6 +62,9 @@ class WriterJobs:
         self.pending: dict[int, Pending] = {}
         self.tokens = tokens or itertools.count(1)
         self.waiting_per_client: dict[bytes, int] = {}
+        # Publishes waiting on writers, by message id: an ingest of an id already on its
+        # way must not store it a second time (docs/federation.md).
+        self.by_message: dict[str, int] = {}
         # Copies decided during a pass, per shard, sent at its end in one frame each.
         self.outgoing: dict[int, list[Delivery]] = {}
         self.parked_copies: dict[int, list[Delivery]] = {}
@@ -85,9 +88,19 @@ class WriterJobs:
         self.waiting_per_client[client] = waiting + 1
         return token, job
 
+    def storing(self, message_id: str) -> bool:
+        """Whether copies of this message are on their way to the writers."""
+        return message_id in self.by_message
+
+    def publishing(self, token: int, job: Pending, message_id: str) -> None:
+        job.message_id = message_id
+        self.by_message[message_id] = token
+
     def forget(self, token: int) -> Pending | None:
         job = self.pending.pop(token, None)
         if job is not None:
+            if self.by_message.get(job.message_id) == token:
+                del self.by_message[job.message_id]
             left = self.waiting_per_client.get(job.client, 1) - 1
             if left > 0:
                 self.waiting_per_client[job.client] = left

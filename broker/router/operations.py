@@ -10,6 +10,7 @@ from typing import Any
 
 from broker.router import ops_admin as admin
 from broker.router import ops_consume as consume
+from broker.router import ops_federation as federation
 from broker.router import ops_publish as publish
 from broker.router import ops_query as query
 from broker.router import requests as rq
@@ -37,6 +38,8 @@ OPERATIONS: dict[str, Operation] = {
     # sending
     "publish": Operation(rq.Publish.decode, publish.publish),
     "signal": Operation(rq.SendSignal.decode, publish.signal),
+    # federation: a bridge hands in a message from another node (docs/federation.md)
+    "ingest": Operation(rq.Ingest.decode, federation.ingest),
     # endpoints, rules, configuration, maintenance
     "register": Operation(rq.SubjectOnly.decode, admin.register),
     "unregister": Operation(rq.SubjectOnly.decode, admin.unregister, admin=True),

@@ -51,7 +51,7 @@ def publish(ctx: Context, session: Session, req: Publish, rid: int) -> Any:
     request = PublishRequest(message_id, req.subject, sender, reply_to, budget, now, payload_json)
 
     def gate(target: EndpointInfo) -> tuple[Refusal | None, bool]:
-        return _gate(ctx, target, sender, now)
+        return target_gate(ctx, target, sender, now)
 
     plan = plan_publish(
         request, ctx.directory.targets(req.subject), ctx.settings.rules, payload_json, now, gate
@@ -60,14 +60,31 @@ def publish(ctx: Context, session: Session, req: Publish, rid: int) -> Any:
         ctx.reliability.count(sender, now)
     if not plan.writes:
         return publish_result(ctx, message_id, plan, {})
+    return queue_writes(ctx, session, rid, plan, request, now)
+
+
+def queue_writes(
+    ctx: Context,
+    session: Session,
+    rid: int,
+    plan: PublishPlan,
+    request: PublishRequest,
+    now: int,
+    *,
+    already: int = 0,
+) -> Any:
+    """Queue a plan's copies for the writers under one job, answered (DEFERRED) when each
+    is durable or failed. ``already``: copies found stored before (an ingest), counted
+    as delivered."""
+    message_id, sender = request.message_id, request.sender
     token, job = ctx.jobs.open(
         session.identity,
         rid,
         len(plan.writes),
-        lambda job: publish_result(ctx, message_id, plan, job.outcomes),
-        now,
+        lambda job: publish_result(ctx, message_id, plan, job.outcomes, already=already),
+        now,  # not created_at: a relayed message may be old, its deadline is from now
     )
-    job.message_id = message_id
+    ctx.jobs.publishing(token, job, message_id)
     for copy in plan.writes:
         shard = shard_of(copy.endpoint, ctx.shards)
         dead = copy.dead
@@ -85,7 +102,7 @@ def publish(ctx: Context, session: Session, req: Publish, rid: int) -> Any:
             copy.endpoint,
             copy.subject,
             sender,
-            now,
+            request.created_at,
             target=target,
             reason=dead.reason if dead else None,
             code=dead.code if dead else None,
@@ -122,7 +139,9 @@ def _stored_budget(ctx: Context, message_id: str, endpoint_subject: str) -> Budg
         return None  # moved meanwhile, compacted, or not a Relay envelope
 
 
-def _gate(ctx: Context, target: EndpointInfo, sender: str, now: int) -> tuple[Refusal | None, bool]:
+def target_gate(
+    ctx: Context, target: EndpointInfo, sender: str, now: int
+) -> tuple[Refusal | None, bool]:
     """Backpressure, then the circuit breaker, for one target of a publish."""
     depth = ctx.ledger.depth(target.hash)
     refusal, probe, signals = ctx.reliability.gate(target.hash, target.subject, sender, depth, now)
@@ -138,8 +157,10 @@ def publish_result(
     message_id: str,
     plan: PublishPlan,
     outcomes: dict[str, tuple[str, str] | None],
+    *,
+    already: int = 0,
 ) -> dict[str, Any]:
-    delivered, rejected, details = 0, [], {}
+    delivered, rejected, details = already, [], {}
     for copy in plan.copies:
         rejection = copy.rejection
         failure = outcomes.get(copy.endpoint)

@@ -16,7 +16,7 @@ from sdk.errors import EndpointNotFound, InvalidMessage
 from sdk.ids import check_id, is_id
 from sdk.paths import is_mailbox_name
 from sdk.subjects import validate
-from sdk.types import AccessRule, Signal
+from sdk.types import AccessRule, Envelope, Signal
 
 Body = dict[str, Any]
 
@@ -278,3 +278,33 @@ class Trace:
     @classmethod
     def decode(cls, body: Body) -> Trace:
         return cls(check_id(body.get("id")))
+
+
+MAX_INGEST_SUBJECTS = 1000  # endpoints of one far node that one publish may target
+
+
+@dataclass(frozen=True, slots=True)
+class Ingest:
+    """A message relayed from another node by a federation bridge (docs/federation.md):
+    stored under its own id, with the budget it travelled with, on the local endpoints
+    named in ``subjects``."""
+
+    node: str  # the origin node, one subject token (the NATS subject it came on says it)
+    subjects: tuple[str, ...]  # concrete endpoint subjects on this node
+    envelope: Envelope  # id, from, replyTo, budget, createdAt, payload as published
+
+    @classmethod
+    def decode(cls, body: Body) -> Ingest:
+        node = _text(body, "node")
+        if "." in node or not node:
+            raise InvalidMessage(
+                f"request field 'node' must be one subject token, got {node!r:.40}"
+            )
+        validate(node)
+        subjects = body.get("subjects")
+        if not isinstance(subjects, list) or not 1 <= len(subjects) <= MAX_INGEST_SUBJECTS:
+            raise InvalidMessage(
+                f"request field 'subjects' must be a list of 1..{MAX_INGEST_SUBJECTS} subjects"
+            )
+        checked = tuple(dict.fromkeys(_subject({"s": s}, "s") for s in subjects))
+        return cls(node, checked, Envelope.from_wire(body.get("envelope"), path="envelope"))

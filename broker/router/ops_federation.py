@@ -1,0 +1,80 @@
+"""Operations of a federation bridge (docs/federation.md): ingest, the far node's side of
+a message relayed from another host.
+
+An ingest is a publish *with a given id*: the id the message got on its origin node,
+which is also JetStream's de-duplication id. JetStream delivers at least once (a bridge
+killed between the router's answer and its ack gets the message again), so an ingest is
+idempotent per endpoint: an endpoint whose index already has this id counts as
+delivered and is not written again, and an ingest of an id whose copies are still on
+their way to the writers is answered ``unavailable`` (the bridge retries later). The
+index is the writers' record of what is durable, read here before anything is planned;
+a shard whose writer is not up cannot be read that way (its index is rebuilt at the
+writer's start), so an ingest that touches it is ``unavailable`` too.
+
+The budget is the one the message travelled with (clamped, never grown) and is checked
+and advanced here like any publish's: a loop across hosts is stopped like one inside a
+host. Rights: the bridge's identity must be allowed to relay this sender *for this
+origin node* (auth.json ``relays``), and the access rules of this node apply again.
+The sender's rate limit was applied on its own node and is not counted here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.budget import clamp
+from broker.publish import PublishPlan, PublishRequest, Refusal, encode_payload, plan_publish
+from broker.router.consumers import Session
+from broker.router.context import Context, now_ms
+from broker.router.ops_publish import publish_result, queue_writes, target_gate
+from broker.router.requests import Ingest
+from sdk.errors import SenderNotAllowed, Unavailable
+from sdk.paths import UNROUTABLE, shard_of
+from sdk.types import EndpointInfo
+
+
+def ingest(ctx: Context, session: Session, req: Ingest, rid: int) -> Any:
+    now = now_ms()
+    envelope = req.envelope
+    _check_relay(session, req.node, envelope.sender)
+    if envelope.reply_to is not None:
+        _check_relay(session, req.node, envelope.reply_to)
+    if ctx.jobs.storing(envelope.id):
+        raise Unavailable(f"message {envelope.id} is being stored; ask again when it is")
+    targets = [ctx.directory.by_subject[s] for s in req.subjects if s in ctx.directory]
+    for endpoint in [t.hash for t in targets] or [UNROUTABLE]:
+        shard = shard_of(endpoint, ctx.shards)
+        if not ctx.writers.is_up(shard):
+            raise Unavailable(f"the writer of shard {shard} is not up; ask again later")
+    stored = {record.endpoint for record in ctx.indexes.copies_of(envelope.id)}
+    fresh = [t for t in targets if t.hash not in stored]
+    already = len(targets) - len(fresh)
+    if not fresh and (already or UNROUTABLE in stored):
+        return publish_result(ctx, envelope.id, PublishPlan(()), {}, already=already)
+    payload_json = encode_payload(envelope.payload, ctx.config["limits"]["maxPayloadBytes"])
+    request = PublishRequest(
+        envelope.id,
+        envelope.published_to or envelope.subject,
+        envelope.sender,
+        envelope.reply_to,
+        clamp(envelope.budget, now, ctx.config["budget"]),
+        envelope.created_at,
+        payload_json,
+    )
+
+    def gate(target: EndpointInfo) -> tuple[Refusal | None, bool]:
+        return target_gate(ctx, target, envelope.sender, now)
+
+    plan = plan_publish(request, fresh, ctx.settings.rules, payload_json, now, gate)
+    if not plan.writes:
+        return publish_result(ctx, envelope.id, plan, {}, already=already)
+    return queue_writes(ctx, session, rid, plan, request, now, already=already)
+
+
+def _check_relay(session: Session, node: str, sender: str) -> None:
+    who = session.who
+    if who is None or not who.may_relay(node, sender):
+        name = who.name if who else session.user
+        raise SenderNotAllowed(
+            f"{name} may not relay messages of {sender} from node {node} (auth.json 'relays')"
+        )
