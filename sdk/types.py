@@ -447,9 +447,16 @@ class PublishResult:
     )
     # A sentence per rejected key: "max hops exceeded (5/5)".
     details: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+    # Copies on other nodes (docs/federation.md), by node: the endpoint subjects whose copy
+    # JetStream has acknowledged, pending on that node (counted in delivered_to).
+    remote: Mapping[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({}), hash=False
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rejected", tuple(tuple(pair) for pair in self.rejected))
+        remote = {node: tuple(subjects) for node, subjects in self.remote.items()}
+        object.__setattr__(self, "remote", MappingProxyType(remote))
         for name in ("mailbox_pressure", "details"):
             value = getattr(self, name)
             if not isinstance(value, MappingProxyType):
@@ -462,7 +469,7 @@ class PublishResult:
             "rejected": [list(pair) for pair in self.rejected],
             "mailboxPressure": dict(self.mailbox_pressure),
             "details": dict(self.details),
-        }
+        } | ({"remote": {n: list(s) for n, s in self.remote.items()}} if self.remote else {})
 
     @classmethod
     def from_wire(cls, d: object, *, path: str = "result") -> Self:
@@ -490,10 +497,18 @@ class PublishResult:
             check_kind(k, str, f"{label} key"): check_kind(v, str, f"{label}.{k}")
             for k, v in get_field(d, "details", dict, path, default={}).items()
         }
+        label = label_of(path, "remote")
+        remote = {
+            check_kind(node, str, f"{label} key"): tuple(
+                check_kind(s, str, f"{label}.{node}[]") for s in check_kind(subjects, list, label)
+            )
+            for node, subjects in get_field(d, "remote", dict, path, default={}).items()
+        }
         return cls(
             message_id=check_id(get_field(d, "messageId", str, path), label_of(path, "messageId")),
             delivered_to=get_field(d, "deliveredTo", int, path, minimum=0),
             rejected=tuple(rejected),
             mailbox_pressure=pressure,
             details=details,
+            remote=remote,
         )

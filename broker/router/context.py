@@ -20,6 +20,7 @@ from broker.reliability import Reliability
 from broker.router.consumers import Consumers, Session
 from broker.router.delivery import Ledger
 from broker.router.directory import Directory
+from broker.router.federation import Federation
 from broker.router.indexes import Indexes
 from broker.router.jobs import Pending, WriterJobs
 from broker.router.replies import Replies
@@ -74,6 +75,7 @@ class Context:
     writers: WriterStates
     indexes: Indexes
     about: dict[str, Any] = field(default_factory=dict)  # the router: pid, addresses, start
+    federation: Federation = field(default_factory=Federation)  # other nodes, the bridge
 
     @property
     def config(self) -> dict[str, Any]:

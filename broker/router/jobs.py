@@ -45,12 +45,19 @@ class Pending:
     error: RelayError | None = None
     message_id: str = ""  # a publish's message
     copies: dict[str, Copy] = field(default_factory=dict)  # a publish's writes, by endpoint
-    # endpoint -> None (durable) or (code, message) when the copy was not stored
+    # a publish's remote parts: far node -> its endpoint subjects (docs/federation.md)
+    remote: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # endpoint (or "@node" for a remote part) -> None (durable; in JetStream) or
+    # (code, message) when the copy was not stored
     outcomes: dict[str, tuple[str, str] | None] = field(default_factory=dict)
 
     @property
     def is_publish(self) -> bool:
-        return bool(self.copies)
+        return bool(self.copies) or bool(self.remote)
+
+    def awaits_node(self, node: str) -> bool:
+        """Whether this publish still waits for the bridge to relay its part for ``node``."""
+        return node in self.remote and f"@{node}" not in self.outcomes
 
     def awaits(self, endpoint: str) -> bool:
         """Whether this publish still waits for its copy to ``endpoint``."""

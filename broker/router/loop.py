@@ -29,6 +29,7 @@ from broker.control import ControlPlane
 from broker.rejections import RejectionLog
 from broker.reliability import Reliability
 from broker.router import dispatch
+from broker.router import remote_parts as remote
 from broker.router import writer_events as events
 from broker.router.client_links import ClientLinks
 from broker.router.consumers import SESSION_TIMEOUT_MS, Consumers, Session
@@ -173,6 +174,7 @@ class Router:
         put-back after a claim of the same message would take it back), replies before
         pushes to the same client."""
         self.ctx.ledger.feed_refilled()
+        remote.answer_held(self.ctx, now_ms())
         self._send_ledger_outbox()
         self._send_copies()
         self._send_replies()
@@ -180,6 +182,7 @@ class Router:
 
     def _sweep(self, now: int) -> None:
         events.sweep(self.ctx, now)
+        remote.answer_held(self.ctx, now)
         self.ctx.rejections.flush_due(now)
         for identity in self.ctx.consumers.expired(now):
             log.info(

@@ -40,6 +40,11 @@ OPERATIONS: dict[str, Operation] = {
     "signal": Operation(rq.SendSignal.decode, publish.signal),
     # federation: a bridge hands in a message from another node (docs/federation.md)
     "ingest": Operation(rq.Ingest.decode, federation.ingest),
+    "relay_take": Operation(rq.RelayTake.decode, federation.relay_take, admin=True),
+    "relayed": Operation(rq.Relayed.decode, federation.relayed, admin=True),
+    "remote_endpoints": Operation(
+        rq.RemoteEndpoints.decode, federation.remote_endpoints, admin=True
+    ),
     # endpoints, rules, configuration, maintenance
     "register": Operation(rq.SubjectOnly.decode, admin.register),
     "unregister": Operation(rq.SubjectOnly.decode, admin.unregister, admin=True),

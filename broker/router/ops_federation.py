@@ -1,5 +1,6 @@
-"""Operations of a federation bridge (docs/federation.md): ingest, the far node's side of
-a message relayed from another host.
+"""Operations of a federation bridge (docs/federation.md): the sending node's remote
+parts (relay_take, relayed, remote_endpoints, and the publish's remote planning), and
+ingest, the far node's side of a message relayed from another host.
 
 An ingest is a publish *with a given id*: the id the message got on its origin node,
 which is also JetStream's de-duplication id. JetStream delivers at least once (a bridge
@@ -25,10 +26,13 @@ from typing import Any
 from broker.budget import clamp
 from broker.publish import PublishPlan, PublishRequest, Refusal, encode_payload, plan_publish
 from broker.router.consumers import Session
-from broker.router.context import Context, now_ms
+from broker.router.context import DEFERRED, Context, now_ms
+from broker.router.federation import HeldTake
 from broker.router.ops_publish import publish_result, queue_writes, target_gate
-from broker.router.requests import Ingest
-from sdk.errors import SenderNotAllowed, Unavailable
+from broker.router.remote_parts import alive, settle
+from broker.router.requests import Ingest, Relayed, RelayTake, RemoteEndpoints
+from sdk import wire
+from sdk.errors import NotAuthorized, SenderNotAllowed, Unavailable
 from sdk.paths import UNROUTABLE, shard_of
 from sdk.types import EndpointInfo
 
@@ -78,3 +82,46 @@ def _check_relay(session: Session, node: str, sender: str) -> None:
         raise SenderNotAllowed(
             f"{name} may not relay messages of {sender} from node {node} (auth.json 'relays')"
         )
+
+
+# ---------------------------------------------------------------------- the bridge
+
+
+def relay_take(ctx: Context, session: Session, req: RelayTake, rid: int) -> Any:
+    _check_bridge(session)
+    fed = ctx.federation
+    if fed.bridge not in (None, session.identity) and fed.held is not None:
+        raise Unavailable(f"another bridge serves node {fed.node}; one per router")
+    _answer_empty(ctx, fed.release())
+    fed.node = req.node
+    parts = fed.take(session.identity, rid, req.limit, now_ms(), lambda p: alive(ctx, p))
+    if parts is None:
+        return DEFERRED
+    return {"parts": [p.to_wire() for p in parts]}
+
+
+def relayed(ctx: Context, session: Session, req: Relayed, rid: int) -> Any:
+    _check_bridge(session)
+    for token, node, error in req.parts:
+        job = ctx.jobs.pending.get(token)
+        if job is None or not job.awaits_node(node):
+            continue  # answered unavailable at its deadline meanwhile
+        settle(ctx, token, job, node, None if error is None else ("unavailable", error))
+    return {}
+
+
+def remote_endpoints(ctx: Context, session: Session, req: RemoteEndpoints, rid: int) -> Any:
+    _check_bridge(session)
+    ctx.federation.set_remote(req.node, frozenset(req.subjects))
+    return {"node": req.node, "endpoints": len(req.subjects)}
+
+
+def _answer_empty(ctx: Context, held: HeldTake | None) -> None:
+    if held is not None:
+        ctx.replies.add(held.client, wire.ok_body(held.rid, {"parts": []}))
+
+
+def _check_bridge(session: Session) -> None:
+    who = session.who
+    if who is None or not who.admin:
+        raise NotAuthorized("only a federation bridge (operator rights) relays between nodes")

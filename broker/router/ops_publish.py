@@ -16,8 +16,10 @@ from typing import Any
 from broker.budget import clamp
 from broker.publish import PublishPlan, PublishRequest, Refusal, encode_payload, plan_publish
 from broker.rejections import RATE_LIMITED
+from broker.router import remote_parts as remote
 from broker.router.consumers import Session
 from broker.router.context import DEFERRED, Context, checked_sender, now_ms
+from broker.router.jobs import Pending
 from broker.router.requests import Publish, SendSignal
 from sdk.errors import AccessDenied, NotAuthorized, RelayError, SenderNotAllowed
 from sdk.ids import new_id
@@ -53,14 +55,19 @@ def publish(ctx: Context, session: Session, req: Publish, rid: int) -> Any:
     def gate(target: EndpointInfo) -> tuple[Refusal | None, bool]:
         return target_gate(ctx, target, sender, now)
 
-    plan = plan_publish(
-        request, ctx.directory.targets(req.subject), ctx.settings.rules, payload_json, now, gate
-    )
-    if plan.stores_something:
+    local = ctx.directory.targets(req.subject)
+    parts, refused = remote.plan_remote(ctx, request, now)
+    if local or not (parts or refused):  # no match anywhere: the _unroutable dead letter
+        plan = plan_publish(request, local, ctx.settings.rules, payload_json, now, gate)
+    else:
+        plan = PublishPlan(())
+    if plan.stores_something or parts:
         ctx.reliability.count(sender, now)
-    if not plan.writes:
-        return publish_result(ctx, message_id, plan, {})
-    return queue_writes(ctx, session, rid, plan, request, now)
+    if not plan.writes and not parts:
+        return remote.remote_result(publish_result(ctx, message_id, plan, {}), None, refused)
+    return queue_writes(
+        ctx, session, rid, plan, request, now, remote_parts=(req.payload, parts, refused)
+    )
 
 
 def queue_writes(
@@ -72,19 +79,28 @@ def queue_writes(
     now: int,
     *,
     already: int = 0,
+    remote_parts: tuple[Any, dict[str, tuple[str, ...]], list[tuple[str, str, str]]] | None = None,
 ) -> Any:
     """Queue a plan's copies for the writers under one job, answered (DEFERRED) when each
     is durable or failed. ``already``: copies found stored before (an ingest), counted
-    as delivered."""
+    as delivered. ``remote_parts``: (payload, parts by node, remote copies refused) of
+    a publish that reaches other nodes, handed to the bridge under the same job."""
     message_id, sender = request.message_id, request.sender
+    payload, parts, refused = remote_parts or (None, {}, [])
+
+    def result(job: Pending) -> dict[str, Any]:
+        local = publish_result(ctx, message_id, plan, job.outcomes, already=already)
+        return remote.remote_result(local, job, refused) if remote_parts else local
+
     token, job = ctx.jobs.open(
         session.identity,
         rid,
-        len(plan.writes),
-        lambda job: publish_result(ctx, message_id, plan, job.outcomes, already=already),
+        len(plan.writes) + len(parts),
+        result,
         now,  # not created_at: a relayed message may be old, its deadline is from now
     )
     ctx.jobs.publishing(token, job, message_id)
+    remote.queue_remote(ctx, token, job, request, payload, parts)
     for copy in plan.writes:
         shard = shard_of(copy.endpoint, ctx.shards)
         dead = copy.dead

@@ -55,6 +55,7 @@ def status(ctx: Context, session: Session, req: Empty, rid: int) -> Any:
         "endpoints": [_endpoint_status(ctx, info) for info in ctx.directory.sorted()],
         "unroutable": ctx.indexes.count(State.FAILED, UNROUTABLE),
         "fileErrors": dict(ctx.settings.file_errors),
+        "federation": ctx.federation.status(now_ms()),
     }
 
 

@@ -280,7 +280,7 @@ class Trace:
         return cls(check_id(body.get("id")))
 
 
-MAX_INGEST_SUBJECTS = 1000  # endpoints of one far node that one publish may target
+MAX_NODE_SUBJECTS = 10_000  # endpoints of one node in one request
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,16 +295,71 @@ class Ingest:
 
     @classmethod
     def decode(cls, body: Body) -> Ingest:
-        node = _text(body, "node")
-        if "." in node or not node:
-            raise InvalidMessage(
-                f"request field 'node' must be one subject token, got {node!r:.40}"
-            )
-        validate(node)
-        subjects = body.get("subjects")
-        if not isinstance(subjects, list) or not 1 <= len(subjects) <= MAX_INGEST_SUBJECTS:
-            raise InvalidMessage(
-                f"request field 'subjects' must be a list of 1..{MAX_INGEST_SUBJECTS} subjects"
-            )
-        checked = tuple(dict.fromkeys(_subject({"s": s}, "s") for s in subjects))
-        return cls(node, checked, Envelope.from_wire(body.get("envelope"), path="envelope"))
+        return cls(
+            _node(body), _subjects(body), Envelope.from_wire(body.get("envelope"), path="envelope")
+        )
+
+
+def _node(body: Body) -> str:
+    node = _text(body, "node")
+    if "." in node or not node:
+        raise InvalidMessage(f"request field 'node' must be one subject token, got {node!r:.40}")
+    return validate(node)
+
+
+def _subjects(body: Body, *, at_least: int = 1) -> tuple[str, ...]:
+    subjects = body.get("subjects")
+    if not isinstance(subjects, list) or not at_least <= len(subjects) <= MAX_NODE_SUBJECTS:
+        raise InvalidMessage(
+            f"request field 'subjects' must be a list of {at_least}..{MAX_NODE_SUBJECTS} subjects"
+        )
+    return tuple(dict.fromkeys(_subject({"s": s}, "s") for s in subjects))
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteEndpoints:
+    """A bridge tells its router every endpoint another node advertises."""
+
+    node: str
+    subjects: tuple[str, ...]  # the node's full list; empty: it advertises none
+
+    @classmethod
+    def decode(cls, body: Body) -> RemoteEndpoints:
+        return cls(_node(body), _subjects(body, at_least=0))
+
+
+@dataclass(frozen=True, slots=True)
+class RelayTake:
+    """A bridge asks for remote parts to publish to JetStream (held while none wait)."""
+
+    node: str  # the local node's name in the federation
+    limit: int
+
+    @classmethod
+    def decode(cls, body: Body) -> RelayTake:
+        return cls(_node(body), _limit(body, 100, 1000))
+
+
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    """A bridge's answer for remote parts: [token, node, error or None] each."""
+
+    parts: tuple[tuple[int, str, str | None], ...]
+
+    @classmethod
+    def decode(cls, body: Body) -> Relayed:
+        parts = body.get("parts")
+        if not isinstance(parts, list) or len(parts) > 1000:
+            raise InvalidMessage("request field 'parts' must be a list of at most 1000 parts")
+        checked = []
+        for part in parts:
+            if not (
+                isinstance(part, list | tuple)
+                and len(part) == 3
+                and isinstance(part[0], int)
+                and isinstance(part[1], str)
+                and (part[2] is None or isinstance(part[2], str))
+            ):
+                raise InvalidMessage(f"relayed part {part!r:.80} is not [token, node, error]")
+            checked.append((part[0], part[1], part[2] and part[2][:1000]))
+        return cls(tuple(checked))

@@ -177,6 +177,9 @@ def sweep(ctx: Context, now: int) -> None:
                 ctx.reliability.never_tried(copy)
             job.outcomes[endpoint] = ("unavailable", _timed_out(ctx, {shard}))
             ctx.ledger.copy_abandoned(job.message_id, endpoint, sent=sent)
+        for node in job.remote:  # the bridge did not confirm: JetStream may have it or not
+            late = f"the bridge did not confirm the copy for node {node} within the deadline"
+            job.outcomes.setdefault(f"@{node}", ("unavailable", late))
         ctx.replies.add(job.client, ctx.jobs.finish(token, job))
     if expired:
         ctx.jobs.drop_parked_of_finished()
