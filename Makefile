@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,spark,edges]'
+	$(BIN)/pip install -q -e '.[dev,spark,edges,federation]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from cli.auth import cmd_auth
-from cli.edges import cmd_mcp
+from cli.edges import cmd_bridge, cmd_mcp
 from cli.launch import cmd_ops, cmd_router, cmd_up, cmd_writer
 from cli.operator import (
     cmd_config,
@@ -133,6 +133,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("mcp", cmd_mcp, "an MCP server: Relay's tools for one agent (stdio)")
     p.add_argument("--as", dest="sender", required=True, help="the sender subject it acts as")
     p.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP at /mcp instead")
+    p = command("bridge", cmd_bridge, "federation: this host's link to others over NATS")
+    p.add_argument("--nats", required=True, metavar="URL[,URL...]", help="NATS servers")
+    p.add_argument("--node", required=True, help="this host's node name (one subject token)")
+    p.add_argument(
+        "--share",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="advertise the local endpoints matching PATTERN to the other nodes (repeatable)",
+    )
+    p.add_argument(
+        "--replicas", type=int, default=None, help="JetStream replicas (default: up to 3)"
+    )
     p = command("ops", cmd_ops, "Spark jobs: compaction and metrics", client=False)
     p.add_argument("ops_args", nargs=argparse.REMAINDER, help="compact|metrics [options]")
     return parser

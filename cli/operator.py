@@ -203,6 +203,14 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"requests waiting on writers {s['pendingRequests']}",
         ]
         lines += [f"{name} REFUSED: {why}" for name, why in s.get("fileErrors", {}).items()]
+        fed = s.get("federation") or {}
+        if fed.get("node") or fed.get("remoteEndpoints"):
+            nodes = ", ".join(f"{n} ({k} endpoints)" for n, k in fed["remoteEndpoints"].items())
+            state = "connected" if fed["connected"] else "NOT CONNECTED"
+            lines.append(
+                f"bridge: node {fed['node']}, {state}, {fed['queued']} parts waiting; "
+                f"other nodes: {nodes or 'none'}"
+            )
         rows = [
             (e["subject"], e["hash"], e["depth"], f"{e['pressure']:.0%}", e["breaker"]["state"])
             for e in s["endpoints"]

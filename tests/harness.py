@@ -149,6 +149,10 @@ class Broker:
             cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**self.env, **(env or {})}
         )
 
+    def start_process(self, name: str, *args: str) -> None:
+        """Another process of this home (an edge: `relay bridge ...`), stopped with it."""
+        self._spawn(name, *args)
+
     def start_router(self) -> None:
         self._spawn("router", "router", "--shards", str(self.shards), *self.router_args)
 

@@ -13,7 +13,7 @@ from concurrent.futures import Future
 import pytest
 
 from sdk.client import Client
-from sdk.errors import NotAuthorized, RelayError
+from sdk.errors import RelayError
 from sdk.subjects import endpoint_hash
 from sdk.types import Envelope
 from tests.harness import Broker, depth, wait_for
@@ -190,20 +190,3 @@ def test_a_copy_the_bridge_could_not_relay_is_unavailable(broker):
     finally:
         stop.set()
         thread.join(5)  # its held relay_take is answered within a second
-
-
-def test_the_bridge_operations_need_operator_rights(tcp_broker_for_federation):
-    client = tcp_broker_for_federation
-    for op, fields in [
-        ("relay_take", {"node": "a"}),
-        ("relayed", {"parts": []}),
-        ("remote_endpoints", {"node": "b", "subjects": []}),
-    ]:
-        with pytest.raises(NotAuthorized):
-            client._call(op, **fields)
-
-
-@pytest.fixture
-def tcp_broker_for_federation():
-    with Broker.on_tcp([("agent", ["relay.agent.a.>"], False)]) as b:
-        yield b.client()

@@ -1,0 +1,123 @@
+"""The federation bridge's vocabulary on NATS (docs/federation.md), and its decisions as
+data: names of the bucket, streams, subjects and consumers; the stream message's
+encoding; what to do with JetStream's copy once the router has answered an ingest.
+Pure: edges/bridge.py does the I/O."""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sdk.errors import InvalidMessage, RelayError
+from sdk.subjects import validate
+from sdk.types import Envelope, PublishResult
+
+BUCKET = "relay-endpoints"
+STREAM_MAX_BYTES = 1 << 30  # 1 GiB of messages waiting for one node
+STREAM_MAX_AGE_S = 7 * 24 * 3600  # how long a node may be away
+ACK_WAIT_S = 30.0  # JetStream redelivers what a bridge took and did not ack by then
+MAX_ACK_PENDING = 256  # messages one bridge holds unacknowledged
+RETRY_DELAY_S = 10.0  # a nak's delay: at least the router's 10 s publish deadline, so a
+# copy still being stored when its ingest timed out is in the index when it comes back
+# Refusals a later attempt may not meet: the bridge naks (JetStream redelivers later).
+TRANSIENT = frozenset({"unavailable", "timeout", "storage_error", "backpressure", "circuit_open"})
+
+
+def check_node(node: str) -> str:
+    """A node name is one subject token: it is part of NATS subjects and KV keys."""
+    if "." in node or not node:
+        raise InvalidMessage(f"a node name is one subject token, got {node!r:.40}")
+    return validate(node)
+
+
+def stream_of(node: str) -> str:
+    return f"RELAY_{node}"
+
+
+def inbound(node: str) -> str:
+    """The subjects of the stream ``node`` consumes: the last token is the origin node,
+    which NATS permissions tie to the publishing user (one node cannot pose as another)."""
+    return f"relay.fed.{node}.from.*"
+
+
+def outbound(far: str, origin: str) -> str:
+    return f"relay.fed.{far}.from.{origin}"
+
+
+def origin_of(subject: str) -> str:
+    return subject.rsplit(".", 1)[-1]
+
+
+def consumer_of(node: str) -> str:
+    return f"relay-{node}"
+
+
+def key_of(node: str, endpoint_hash: str) -> str:
+    return f"{node}.{endpoint_hash}"
+
+
+def encode_part(part: dict[str, Any]) -> bytes:
+    """A remote part (relay_take) as the stream message: subjects and envelope."""
+    return json.dumps(
+        {"subjects": part["subjects"], "envelope": part["envelope"]},
+        ensure_ascii=False,
+        separators=(",", ":"),
+    ).encode()
+
+
+def decode_part(data: bytes) -> tuple[list[str], Envelope]:
+    try:
+        body = json.loads(data)
+        subjects, envelope = body["subjects"], body["envelope"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InvalidMessage(f"not a relay stream message: {exc}") from None
+    if not isinstance(subjects, list) or not all(isinstance(s, str) for s in subjects):
+        raise InvalidMessage("a relay stream message's subjects must be a list of strings")
+    return subjects, Envelope.from_wire(envelope, path="envelope")
+
+
+@dataclass(frozen=True, slots=True)
+class Advert:
+    """One endpoint in the KV bucket."""
+
+    subject: str
+    node: str
+    registered_at: int
+    depth: int
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "subject": self.subject,
+                "node": self.node,
+                "registeredAt": self.registered_at,
+                "depth": self.depth,
+            }
+        ).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Advert | None:
+        try:
+            d = json.loads(data)
+            return cls(validate(d["subject"]), check_node(d["node"]), d["registeredAt"], d["depth"])
+        except (ValueError, KeyError, TypeError, RelayError):
+            return None  # a foreign or damaged key: not an endpoint
+
+
+class Settle(enum.Enum):
+    ACK = "ack"  # stored (or settled as a dead letter) on this node: done
+    NAK = "nak"  # try again later: JetStream redelivers after RETRY_DELAY_S
+    TERM = "term"  # never acceptable here (rights, malformed): stop redelivering
+
+
+def settle_result(result: PublishResult) -> Settle:
+    """A PublishResult: ack, unless a copy met a refusal that may pass later."""
+    if any(reason in TRANSIENT for _, reason in result.rejected):
+        return Settle.NAK
+    return Settle.ACK
+
+
+def settle_error(error: RelayError) -> Settle:
+    return Settle.NAK if error.code in TRANSIENT else Settle.TERM

@@ -1,0 +1,180 @@
+"""Federation with real servers (docs/federation.md): a three-server NATS cluster with
+JetStream on loopback, two Relay homes (each its own router and writers), and a
+`relay bridge` process per home. What a publisher was told is delivered arrives on the
+far node exactly once, whatever is killed with -9 in the middle."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+
+import pytest
+
+from sdk.client import Client
+from sdk.types import Envelope
+from tests.harness import Broker, wait_for
+from tests.nats_cluster import NatsCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+A_AGENT = "relay.agent.a.alice"
+B_AGENT = "relay.agent.b.bob"
+BURST = 300
+
+
+class Node:
+    def __init__(self, name: str, cluster: NatsCluster, share: str) -> None:
+        self.name, self.cluster, self.share = name, cluster, share
+        self.broker = Broker(shards=2).start()
+        self.client = self.broker.client()
+        self.client.set_config({"rateLimit": {"enabled": False}})  # bursts from one sender
+
+    def start_bridge(self) -> None:
+        self.broker.start_process(
+            "bridge",
+            "bridge",
+            "--nats",
+            ",".join(self.cluster.urls),
+            "--node",
+            self.name,
+            "--share",
+            self.share,
+            "--replicas",
+            "3",
+        )
+
+    def kill_bridge(self) -> None:
+        self.broker.kill("bridge")
+
+    def knows(self, node: str) -> bool:
+        federation = self.client.status()["federation"]
+        return federation["connected"] and federation["remoteEndpoints"].get(node, 0) > 0
+
+
+@pytest.fixture
+def nodes() -> Iterator[tuple[NatsCluster, Node, Node]]:
+    cluster = NatsCluster().start()
+    started: list[Node] = []
+    try:
+        a = Node("a", cluster, "relay.agent.a.>")
+        started.append(a)
+        b = Node("b", cluster, "relay.agent.b.>")
+        started.append(b)
+        a.client.register_endpoint(A_AGENT)
+        b.client.register_endpoint(B_AGENT)
+        a.start_bridge()
+        b.start_bridge()
+        wait_for(lambda: a.knows("b") and b.knows("a"), 60, what="the bridges to meet")
+        yield cluster, a, b
+    finally:
+        for node in started:
+            node.broker.cleanup()
+        cluster.stop()
+
+
+def test_a_message_from_a_reaches_a_consumer_on_b_and_the_reply_comes_back(nodes):
+    _, a, b = nodes
+    b.client.subscribe(B_AGENT, lambda m: b.client.reply(m, {"content": "pong"}, sender=B_AGENT))
+    answers: list[Envelope] = []
+    a.client.subscribe(A_AGENT, answers.append)
+    result = a.client.publish(B_AGENT, {"content": "ping"}, sender=A_AGENT, reply_to=A_AGENT)
+    assert result.delivered_to == 1 and dict(result.remote) == {"b": (B_AGENT,)}
+    wait_for(lambda: answers, 30, what="the reply from b")
+    assert answers[0].payload == {"content": "pong"}
+    assert answers[0].budget.ancestor_chain == (B_AGENT, A_AGENT)
+
+
+def test_a_loop_from_a_to_b_and_back_is_stopped_by_the_budget(nodes):
+    _, a, b = nodes
+    replies: list = []
+
+    def bounce(client: Client, me: str):
+        def handler(message: Envelope) -> None:
+            replies.append((me, client.reply(message, {"content": "again"}, sender=me)))
+
+        return handler
+
+    a.client.subscribe(A_AGENT, bounce(a.client, A_AGENT))
+    b.client.subscribe(B_AGENT, bounce(b.client, B_AGENT))
+    a.client.publish(B_AGENT, {"content": "start"}, sender=A_AGENT, reply_to=A_AGENT)
+    wait_for(lambda: len(replies) == 2, 30, what="both replies")
+    by = dict(replies)
+    assert by[B_AGENT].delivered_to == 1
+    assert by[A_AGENT].rejected[0][1] == "budget_exceeded"
+
+
+def burst(client: Client, n: int, during: threading.Event | None = None) -> list[Future]:
+    """n publishes from a to b, 100 in flight at most; ``during`` is set halfway."""
+    futures: list[Future] = []
+    for i in range(n):
+        if i == n // 2 and during is not None:
+            during.set()
+        while sum(not f.done() for f in futures[-100:]) >= 100:
+            futures[-100].exception(30)  # wait for the oldest of the window
+        futures.append(client.publish_async(B_AGENT, {"n": i}, sender=A_AGENT))
+    return futures
+
+
+def acknowledged(futures: list[Future]) -> set[str]:
+    """The ids whose publisher heard that JetStream has the copy for b."""
+    ids = set()
+    for future in futures:
+        try:
+            result = future.result(30)
+        except Exception:
+            continue  # unavailable / timeout: no promise was made
+        if result.remote.get("b"):
+            ids.add(result.message_id)
+    return ids
+
+
+def received_on_b(b: Node) -> list[str]:
+    got: list[str] = []
+    b.client.subscribe(B_AGENT, lambda m: got.append(m.id), credit=100)
+    return got
+
+
+def burst_with_a_kill(a: Node, b: Node, kill) -> tuple[set[str], list[str]]:
+    """A burst from a to b with ``kill`` done halfway; the ids acknowledged as remote,
+    and the ids b's consumer received (filling in as they arrive)."""
+    got = received_on_b(b)
+    halfway = threading.Event()
+    killer = threading.Thread(target=lambda: halfway.wait(60) and kill())
+    killer.start()
+    futures = burst(a.client, BURST, halfway)
+    killer.join(60)
+    return acknowledged(futures), got
+
+
+def all_once(acked: set[str], got: list[str]) -> None:
+    wait_for(lambda: acked <= set(got), 120, what="every acknowledged message on b")
+    assert len(got) == len(set(got)), "a message was stored twice on b"
+
+
+def test_kill_9_of_a_nats_server_mid_burst_loses_no_acknowledged_message(nodes):
+    cluster, a, b = nodes
+    acked, got = burst_with_a_kill(a, b, lambda: cluster.kill(0))
+
+    def gets_through() -> bool:  # two servers of three keep the R3 stream going
+        result = a.client.publish(B_AGENT, {"after": "the kill"}, sender=A_AGENT)
+        if result.remote.get("b"):
+            acked.add(result.message_id)
+        return bool(result.remote.get("b"))
+
+    wait_for(gets_through, 60, what="JetStream to take messages with two servers of three")
+    all_once(acked, got)
+
+
+def test_kill_9_of_the_far_bridge_mid_burst_and_its_catch_up(nodes):
+    _, a, b = nodes
+    acked, got = burst_with_a_kill(a, b, b.kill_bridge)
+    assert len(acked) == BURST  # a's bridge and JetStream were up all along
+    b.start_bridge()  # the durable consumer hands over what b missed, redeliveries too
+    all_once(acked, got)
+
+
+def test_kill_9_of_the_sending_bridge_mid_burst_loses_no_acknowledged_message(nodes):
+    _, a, b = nodes
+    acked, got = burst_with_a_kill(a, b, a.kill_bridge)
+    all_once(acked, got)
