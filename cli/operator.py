@@ -208,9 +208,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             nodes = ", ".join(f"{n} ({k} endpoints)" for n, k in fed["remoteEndpoints"].items())
             state = "connected" if fed["connected"] else "NOT CONNECTED"
             lines.append(
-                f"bridge: node {fed['node']}, {state}, {fed['queued']} parts waiting; "
-                f"other nodes: {nodes or 'none'}"
+                f"bridge: node {fed['node']}, {state} to NATS {fed.get('server') or '?'} "
+                f"(cluster {', '.join(fed.get('servers', [])) or '?'}), "
+                f"{fed['queued']} parts waiting; other nodes: {nodes or 'none'}"
             )
+            lag = ", ".join(f"{n} {k}" for n, k in sorted(fed.get("lag", {}).items()))
+            lines.append(f"lag (messages not yet taken in, by node): {lag or 'unknown'}")
         rows = [
             (e["subject"], e["hash"], e["depth"], f"{e['pressure']:.0%}", e["breaker"]["state"])
             for e in s["endpoints"]

@@ -61,6 +61,7 @@ class Bridge:
         self.replicas = replicas
         self.stopping = asyncio.Event()
         self.remote: dict[str, dict[str, str]] = {}  # node -> key -> subject
+        self.lags: dict[str, int] = {}  # node -> messages its consumer has not acked
 
     async def run(self) -> None:
         self.nc = await nats.connect(
@@ -77,6 +78,7 @@ class Bridge:
                 self._directory(),
                 self._outbound(),
                 self._inbound(),
+                self._lag(),
             )
         ]
         try:
@@ -169,13 +171,39 @@ class Bridge:
         except RelayError as exc:
             log.warning("bridge %s: router refused endpoints of %s: %s", self.node, node, exc)
 
+    # ------------------------------------------------------------------ status
+
+    def _seen(self) -> dict[str, Any]:
+        """What `relay status` shows of the cluster, sent with each relay_take."""
+        return {
+            "server": str(self.nc.connected_url.netloc if self.nc.connected_url else ""),
+            "servers": sorted(str(u.netloc) for u in self.nc.servers),
+            "lag": dict(self.lags),
+        }
+
+    async def _lag(self) -> None:
+        """Each node's lag: messages in its stream its bridge has not acked yet (a node
+        that is down shows what waits for it)."""
+        while True:
+            for node in sorted({self.node, *self.remote}):
+                try:
+                    info = await self.js.consumer_info(
+                        names.stream_of(node), names.consumer_of(node)
+                    )
+                    self.lags[node] = info.num_pending + info.num_ack_pending
+                except Exception:  # not created yet, or the cluster busy: keep the last
+                    continue
+            await asyncio.sleep(ADVERTISE_S)
+
     # ------------------------------------------------------------------ outbound
 
     async def _outbound(self) -> None:
         while True:
             try:
                 answer = await _result(
-                    self.client.request("relay_take", node=self.node, limit=FETCH_BATCH)
+                    self.client.request(
+                        "relay_take", node=self.node, limit=FETCH_BATCH, cluster=self._seen()
+                    )
                 )
             except RelayError as exc:
                 log.warning("bridge %s: relay_take failed: %s", self.node, exc)

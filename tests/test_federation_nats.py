@@ -178,3 +178,22 @@ def test_kill_9_of_the_sending_bridge_mid_burst_loses_no_acknowledged_message(no
     _, a, b = nodes
     acked, got = burst_with_a_kill(a, b, a.kill_bridge)
     all_once(acked, got)
+
+
+def test_a_node_that_was_down_shows_its_lag_and_catches_up_when_it_returns(nodes):
+    _, a, b = nodes
+    got = received_on_b(b)
+    b.kill_bridge()
+    futures = [a.client.publish_async(B_AGENT, {"n": i}, sender=A_AGENT) for i in range(20)]
+    acked = acknowledged(futures)
+    assert len(acked) == 20  # JetStream holds them for b
+
+    def lag_of_b() -> int:
+        return a.client.status()["federation"]["lag"].get("b", -1)
+
+    wait_for(lambda: lag_of_b() >= 20, 30, what="b's lag, as a's bridge sees it")
+    shown = a.broker.relay("status").stdout
+    assert "bridge: node a, connected to NATS 127.0.0.1:" in shown and "b 2" in shown
+    b.start_bridge()
+    all_once(acked, got)
+    wait_for(lambda: lag_of_b() == 0, 30, what="b's lag back to nothing")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from broker.router.federation import BRIDGE_GONE_MS, TAKE_HOLD_MS, Federation, RemotePart
-from broker.router.requests import Ingest, Relayed, RemoteEndpoints
+from broker.router.requests import Ingest, Relayed, RelayTake, RemoteEndpoints
 from sdk.errors import InvalidMessage, InvalidSubject
 
 
@@ -94,3 +94,26 @@ def test_a_bridge_is_connected_while_it_asks():
 def test_a_malformed_bridge_request_is_refused_with_its_field_named(decode, body, error):
     with pytest.raises(error):
         decode(body)
+
+
+@pytest.mark.parametrize(
+    "cluster",
+    [{"servers": []}, {"server": "x", "lag": {"b": "12"}}, "127.0.0.1:4222"],
+    ids=["no-server", "lag-not-int", "not-a-map"],
+)
+def test_what_a_bridge_says_it_sees_must_have_the_documented_shape(cluster):
+    with pytest.raises(InvalidMessage):
+        RelayTake.decode({"node": "a", "cluster": cluster})
+
+
+def test_status_shows_what_the_bridge_last_said_it_sees():
+    fed = Federation()
+    seen = {"server": "127.0.0.1:4222", "servers": ["127.0.0.1:4222"], "lag": {"b": 3}}
+    fed.take(b"bridge", 1, 10, 0, lambda p: True)
+    fed.cluster = RelayTake.decode({"node": "a", "cluster": seen}).cluster
+    status = fed.status(0)
+    assert (status["server"], status["servers"], status["lag"]) == (
+        "127.0.0.1:4222",
+        ["127.0.0.1:4222"],
+        {"b": 3},
+    )

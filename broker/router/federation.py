@@ -59,6 +59,7 @@ class Federation:
         self.bridge: bytes | None = None  # the client that last asked for parts
         self.node: str | None = None  # the local node, as the bridge names it
         self.last_take = -BRIDGE_GONE_MS  # ms
+        self.cluster: dict[str, Any] = {}  # what the bridge last said it sees (status)
 
     # ------------------------------------------------------------------ directory
 
@@ -149,4 +150,7 @@ class Federation:
             "connected": self.connected(now),
             "queued": len(self.parts),
             "remoteEndpoints": {n: len(s) for n, s in sorted(self.remote.items())},
+            "server": self.cluster.get("server"),
+            "servers": list(self.cluster.get("servers", [])),
+            "lag": dict(self.cluster.get("lag", {})),
         }

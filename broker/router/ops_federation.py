@@ -94,6 +94,8 @@ def relay_take(ctx: Context, session: Session, req: RelayTake, rid: int) -> Any:
         raise Unavailable(f"another bridge serves node {fed.node}; one per router")
     _answer_empty(ctx, fed.release())
     fed.node = req.node
+    if req.cluster is not None:
+        fed.cluster = req.cluster
     parts = fed.take(session.identity, rid, req.limit, now_ms(), lambda p: alive(ctx, p))
     if parts is None:
         return DEFERRED

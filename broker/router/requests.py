@@ -334,10 +334,24 @@ class RelayTake:
 
     node: str  # the local node's name in the federation
     limit: int
+    # what the bridge sees, for `status`: the NATS server it is connected to and the
+    # cluster's servers, and each node's lag (messages its consumer has not acked)
+    cluster: dict[str, Any] | None = None
 
     @classmethod
     def decode(cls, body: Body) -> RelayTake:
-        return cls(_node(body), _limit(body, 100, 1000))
+        cluster = body.get("cluster")
+        if cluster is not None and not (
+            isinstance(cluster, dict)
+            and isinstance(cluster.get("server"), str)
+            and isinstance(cluster.get("servers", []), list)
+            and isinstance(cluster.get("lag", {}), dict)
+            and all(isinstance(v, int) for v in cluster.get("lag", {}).values())
+        ):
+            raise InvalidMessage(
+                "request field 'cluster' must be {server, servers: [url], lag: {node: int}}"
+            )
+        return cls(_node(body), _limit(body, 100, 1000), cluster)
 
 
 @dataclass(frozen=True, slots=True)
