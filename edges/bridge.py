@@ -11,16 +11,21 @@ right; JetStream keeps and replicates. Four tasks on one asyncio loop:
   far node's stream with ``Nats-Msg-Id`` = the message id, and confirms (``relayed``)
   with the PubAck's outcome;
 - inbound: pulls this node's stream (durable consumer), ingests each message, and acks
-  JetStream only on the router's answer (the copy durable), naks what may pass later.
+  JetStream only on the router's answer (the copy durable), naks what may pass later;
+- signals: those for other nodes' endpoints go out on core NATS
+  (``relay.signal.<node>.<subject>``), those for this node's come in and are emitted
+  here; lag: each node's consumer backlog, for `relay status`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Sequence
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any
 
 import nats
@@ -32,12 +37,19 @@ from edges import bridge_names as names
 from sdk.client import Client
 from sdk.errors import RelayError
 from sdk.subjects import matches
+from sdk.types import Signal
 
 log = logging.getLogger("relay.bridge")
 
 ADVERTISE_S = 2.0
 FETCH_BATCH = 100
 FETCH_WAIT_S = 1.0
+
+
+def _offer(queue: asyncio.Queue, item: Any) -> None:
+    """Queue a signal; a full queue drops it (signals are at most once)."""
+    with contextlib.suppress(asyncio.QueueFull):
+        queue.put_nowait(item)
 
 
 async def _result(future: Future) -> Any:
@@ -62,14 +74,29 @@ class Bridge:
         self.stopping = asyncio.Event()
         self.remote: dict[str, dict[str, str]] = {}  # node -> key -> subject
         self.lags: dict[str, int] = {}  # node -> messages its consumer has not acked
+        self.where: dict[str, str] = {}  # remote endpoint subject -> its node
 
     async def run(self) -> None:
-        self.nc = await nats.connect(
-            servers=self.servers, max_reconnect_attempts=-1, reconnect_time_wait=0.2
-        )
+        # A bridge started before its cluster (or during an election) waits for it
+        # rather than exit: it is a Procfile line, and the messages wait in JetStream.
+        while True:
+            try:
+                self.nc = await nats.connect(
+                    servers=self.servers, max_reconnect_attempts=-1, reconnect_time_wait=0.2
+                )
+                break
+            except Exception as exc:  # no server answers yet
+                log.warning("bridge %s: NATS not reachable (%r); trying again", self.node, exc)
+                await asyncio.sleep(1.0)
         self.js = self.nc.jetstream(timeout=10)
         replicas = self.replicas or min(3, max(1, len(self.nc.servers)))
-        await self._ensure(replicas)
+        while True:
+            try:
+                await self._ensure(replicas)
+                break
+            except Exception as exc:  # no JetStream yet: no leader, a peer still starting
+                log.warning("bridge %s: JetStream not ready (%r); trying again", self.node, exc)
+                await asyncio.sleep(1.0)
         log.info("bridge %s: connected to %s, R%d", self.node, self.nc.connected_url, replicas)
         tasks = [
             asyncio.create_task(coroutine)
@@ -79,6 +106,8 @@ class Bridge:
                 self._outbound(),
                 self._inbound(),
                 self._lag(),
+                self._signals_out(),
+                self._signals_in(),
             )
         ]
         try:
@@ -162,6 +191,7 @@ class Bridge:
                 keys.pop(entry.key, None)
             else:
                 keys[entry.key] = advert.subject
+            self.where = {s: n for n, ks in self.remote.items() for s in ks.values()}
             await self._tell_router(node)
 
     async def _tell_router(self, node: str) -> None:
@@ -170,6 +200,50 @@ class Bridge:
             await _result(self.client.request("remote_endpoints", node=node, subjects=subjects))
         except RelayError as exc:
             log.warning("bridge %s: router refused endpoints of %s: %s", self.node, node, exc)
+
+    # ------------------------------------------------------------------ signals
+
+    async def _signals_out(self) -> None:
+        """Signals on this host for endpoints of other nodes, to those nodes over core
+        NATS (at most once, like signals on one host)."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(maxsize=10_000)
+
+        def seen(subject: str, signal: Any) -> None:  # the SDK's signal thread
+            if subject in self.where and names.forwardable(signal.data):
+                loop.call_soon_threadsafe(_offer, queue, (subject, signal))
+
+        stop = self.client.on_signal(">", seen)
+        try:
+            while True:
+                subject, signal = await queue.get()
+                node = self.where.get(subject)
+                if node is not None:
+                    body = json.dumps({"node": self.node, "signal": signal.to_wire()}).encode()
+                    await self.nc.publish(names.signal_subject(node, subject), body)
+        finally:
+            stop()
+
+    async def _signals_in(self) -> None:
+        """Signals other nodes sent for this host's endpoints, emitted here, marked so
+        that they are never forwarded again."""
+        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=10_000)
+
+        async def received(message: Any) -> None:
+            _offer(queue, message)
+
+        await self.nc.subscribe(names.signal_subject(self.node, ">"), cb=received)
+        while True:
+            message = await queue.get()
+            subject = message.subject.split(".", names.SIGNAL_PREFIX_TOKENS)[-1]
+            try:
+                body = json.loads(message.data)
+                signal = Signal.from_wire(body["signal"])
+                origin = names.check_node(body["node"])
+                data = {**(signal.data or {}), names.RELAYED_MARK: origin}
+                self.client.signal(subject, replace(signal, data=data), wait=False)
+            except (RelayError, ValueError, KeyError, TypeError) as exc:
+                log.info("bridge %s: signal on %s dropped: %s", self.node, subject, exc)
 
     # ------------------------------------------------------------------ status
 

@@ -50,6 +50,21 @@ def origin_of(subject: str) -> str:
     return subject.rsplit(".", 1)[-1]
 
 
+def signal_subject(node: str, subject: str) -> str:
+    """Core NATS subject of a signal for an endpoint of ``node`` (never stored)."""
+    return f"relay.signal.{node}.{subject}"
+
+
+SIGNAL_PREFIX_TOKENS = 3  # relay.signal.<node>.
+RELAYED_MARK = "relayedFrom"  # in a re-emitted signal's data: never forwarded again
+
+
+def forwardable(data: dict[str, Any] | None) -> bool:
+    """A signal is forwarded to another node unless it came from one: two nodes with an
+    endpoint of the same subject would otherwise pass it back and forth for ever."""
+    return not (data and RELAYED_MARK in data)
+
+
 def consumer_of(node: str) -> str:
     return f"relay-{node}"
 

@@ -75,3 +75,9 @@ def test_an_advert_round_trips_and_a_foreign_key_is_ignored():
     advert = names.Advert("relay.agent.a.x", "a", 5, 2)
     assert names.Advert.decode(advert.encode()) == advert
     assert names.Advert.decode(b"not json") is None
+
+
+def test_a_signal_from_another_node_is_never_forwarded_again():
+    assert names.signal_subject("b", "relay.agent.b.x") == "relay.signal.b.relay.agent.b.x"
+    assert names.forwardable(None) and names.forwardable({"progress": 1})
+    assert not names.forwardable({names.RELAYED_MARK: "a"})

@@ -12,7 +12,7 @@ from concurrent.futures import Future
 import pytest
 
 from sdk.client import Client
-from sdk.types import Envelope
+from sdk.types import Envelope, Signal, SignalType
 from tests.harness import Broker, wait_for
 from tests.nats_cluster import NatsCluster
 
@@ -65,7 +65,11 @@ def nodes() -> Iterator[tuple[NatsCluster, Node, Node]]:
         b.client.register_endpoint(B_AGENT)
         a.start_bridge()
         b.start_bridge()
-        wait_for(lambda: a.knows("b") and b.knows("a"), 60, what="the bridges to meet")
+        try:
+            wait_for(lambda: a.knows("b") and b.knows("a"), 90, what="the bridges to meet")
+        except AssertionError as exc:
+            logs = "\n".join(n.broker.log("bridge")[-2000:] for n in started)
+            raise AssertionError(f"{exc}\n{logs}\n{cluster.log(0)}") from None
         yield cluster, a, b
     finally:
         for node in started:
@@ -197,3 +201,18 @@ def test_a_node_that_was_down_shows_its_lag_and_catches_up_when_it_returns(nodes
     b.start_bridge()
     all_once(acked, got)
     wait_for(lambda: lag_of_b() == 0, 30, what="b's lag back to nothing")
+
+
+def test_a_signal_for_an_endpoint_on_b_crosses_over_core_nats(nodes):
+    _, a, b = nodes
+    seen: list[Signal] = []
+    b.client.on_signal(B_AGENT, lambda _subject, signal: seen.append(signal))
+    typing = Signal(SignalType.TYPING, "active", B_AGENT, 0)
+
+    def arrived() -> bool:  # subscriptions on both sides take effect a moment later
+        a.client.signal(B_AGENT, typing, sender=A_AGENT)
+        return bool(seen)
+
+    wait_for(arrived, 30, interval=0.2, what="a's signal on b")
+    assert (seen[0].type, seen[0].state) == (SignalType.TYPING, "active")
+    assert seen[0].data == {"relayedFrom": "a"}  # and so never forwarded again
