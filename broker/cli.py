@@ -440,23 +440,31 @@ def cmd_auth(args: argparse.Namespace) -> int:
     entry = {"name": args.name, "senders": args.sender or [], "admin": args.admin}
     if args.consume:
         entry["consumes"] = args.consume
-    if args.action in ("allow-uid", "add-key", "remove") and not args.target:
+    if args.action in ("allow-uid", "add-key", "add-token", "remove") and not args.target:
         print(f"relay auth {args.action}: which uid, key name or key?", file=sys.stderr)
         return 2
-    if args.action in ("allow-uid", "add-key") and not args.sender:
+    if args.action in ("allow-uid", "add-key", "add-token") and not args.sender:
         print("relay auth: give at least one --sender pattern", file=sys.stderr)
         return 2
     if args.action == "allow-uid":
         uids[args.target] = {**entry, "name": args.name or f"uid {args.target}"}
-    elif args.action == "add-key":
-        directory = Path(args.dir) if args.dir else home.keys
+    elif args.action in ("add-key", "add-token"):
+        # A token's key stays in <home>/keys: the HTTP gateway connects with it.
+        directory = Path(args.dir) if args.dir and args.action == "add-key" else home.keys
         if (directory / f"{args.target}.key_secret").exists():
             print(f"relay auth: {directory}/{args.target}.key_secret exists", file=sys.stderr)
             return 2
         public_file, secret_file = create_certificate(directory, args.target)
         public = load_public(public_file).decode()
         keys[public] = {**entry, "name": args.name or args.target}
-        print(f"client certificate: {secret_file} (give it to the client, keep it secret)")
+        if args.action == "add-token":
+            from edges.http.credentials import new_token, token_hash
+
+            token = new_token()
+            keys[public]["tokens"] = [token_hash(token)]
+            print(f"HTTP bearer token (shown once; auth.json keeps its hash): {token}")
+        else:
+            print(f"client certificate: {secret_file} (give it to the client, keep it secret)")
     elif args.action == "remove":
         gone = [k for k, v in keys.items() if args.target in (k, v.get("name"))]
         gone_uids = [u for u, v in uids.items() if args.target in (u, v.get("name"))]
@@ -483,6 +491,19 @@ def cmd_auth(args: argparse.Namespace) -> int:
     print(_table(rows, ["who", "name", "may send as", "may receive", "admin"]))
     print(f"(uid {home.owner_uid}, the broker's owner, is admitted with every right unless listed)")
     return 0
+
+
+def cmd_http(args: argparse.Namespace) -> int:
+    from edges.http.app import serve  # needs the `edges` extra (starlette, uvicorn)
+
+    return serve(
+        Home(args.home).create(),
+        args.listen,
+        address=args.address,
+        key_file=args.key_file,
+        server_key=args.server_key,
+        timeout=args.timeout,
+    )
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
@@ -577,7 +598,7 @@ def build_parser() -> argparse.ArgumentParser:
         "action",
         nargs="?",
         default="list",
-        choices=["list", "allow-uid", "add-key", "remove", "server-key"],
+        choices=["list", "allow-uid", "add-key", "add-token", "remove", "server-key"],
     )
     p.add_argument("target", nargs="?", help="a uid, a key name, or what to remove")
     p.add_argument("--sender", action="append", help="sender pattern it may use (repeat)")
@@ -589,6 +610,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--admin", action="store_true", help="may change config, rules, purge...")
     p.add_argument("--name", help="a name for people (default: the key name or uid)")
     p.add_argument("--dir", help="where add-key writes the certificate (default <home>/keys)")
+    p = command("http", cmd_http, "the HTTP + SSE gateway and the live console (docs/http.md)")
+    p.add_argument("--listen", default="127.0.0.1:7480", help="HOST:PORT (default 127.0.0.1:7480)")
     p = command("ops", cmd_ops, "Spark jobs: compaction and metrics", client=False)
     p.add_argument("ops_args", nargs=argparse.REMAINDER, help="compact|metrics [options]")
     return parser

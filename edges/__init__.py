@@ -1,0 +1,1 @@
+"""The agents' front door: programs that speak to the world for the router (HTTP, MCP)."""
