@@ -12,8 +12,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from broker.auth import AuthPolicy
 from edges.http.app import build_app
 from edges.http.credentials import (
+    connection_owner,
     kernel_address,
     read_socket_tables,
     socket_owner,
@@ -23,7 +25,7 @@ from edges.http.credentials import (
 from edges.http.errors import STATUS_BY_CODE
 from edges.http.gateway import Gateway, Peer
 from edges.http.openapi import document
-from sdk.errors import ERROR_CLASSES
+from sdk.errors import ERROR_CLASSES, InvalidConfig
 from tests.edges_harness import EventReader, RunningGateway
 from tests.harness import ROOT, Broker, free_port, wait_for
 
@@ -175,6 +177,12 @@ def test_bad_input_gets_the_protocol_error_code_and_a_fitting_status(
     assert response.json()["error"]["message"]
 
 
+def test_a_body_over_16_mib_is_refused_before_it_is_read(gw: RunningGateway) -> None:
+    response = gw.http.post("/api/publish", content=b" " * (16 * 1024 * 1024 + 1))
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "payload_too_large"
+
+
 def test_every_relay_error_code_has_an_http_status() -> None:
     assert set(ERROR_CLASSES) <= set(STATUS_BY_CODE)
 
@@ -313,14 +321,16 @@ def test_stream_sends_keepalive_comments(gw: RunningGateway) -> None:
 # ---------------------------------------------------------------------- authentication
 
 
-def test_loopback_peer_is_found_in_the_kernel_socket_table(gw: RunningGateway) -> None:
+def test_the_uid_behind_a_loopback_connection_is_found_in_the_kernel(gw: RunningGateway) -> None:
     with httpx.Client(base_url=gw.url) as http:
         assert http.get("/api/status").status_code == 200  # served as the owner
     import socket
 
     with socket.create_connection(("127.0.0.1", gw.port)) as sock:
         client, server = sock.getsockname(), sock.getpeername()
-        assert socket_owner(read_socket_tables(), client, server) == os.getuid()
+        assert connection_owner(client, server) == os.getuid()  # sock_diag
+        assert socket_owner(read_socket_tables(), client, server) == os.getuid()  # /proc
+        assert connection_owner(server, ("127.0.0.1", 1)) is None  # no such connection
 
 
 def test_kernel_address_is_the_proc_net_tcp_spelling() -> None:
@@ -394,6 +404,22 @@ def test_auth_json_keeps_only_the_token_hash(broker: Broker) -> None:
     import json
 
     assert token_hash(token) in tokens_by_hash(json.loads(text))
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"keys": {"k" * 40: {"senders": [">"], "tokens": ["md5:abc"]}}},
+        {"keys": {"k" * 40: {"senders": [">"], "tokens": "sha256:" + "0" * 64}}},
+        {"uids": {"1001": {"senders": [">"], "tokens": ["sha256:" + "0" * 64]}}},
+    ],
+    ids=["not-sha256", "not-a-list", "on-a-uid"],
+)
+def test_auth_json_refuses_tokens_it_cannot_honour(entry: dict) -> None:
+    with pytest.raises(InvalidConfig):
+        AuthPolicy.from_json(entry, owner_uid=0)
+    good = {"keys": {"k" * 40: {"senders": [">"], "tokens": ["sha256:" + "0" * 64]}}}
+    assert AuthPolicy.from_json(good, owner_uid=0).keys
 
 
 def test_a_token_with_the_router_on_ipc_is_unavailable(broker: Broker) -> None:

@@ -29,6 +29,7 @@ DEFAULT_LISTEN = "127.0.0.1:7480"
 CONSOLE = Path(__file__).parent / "console"
 SWEEP_S = 10.0  # how often idle observer hubs are looked for
 VERSION = "1"
+GRACE_S = 3.0  # how long a stopping gateway waits for its open requests and streams
 
 
 async def relay_error(request: Request, exc: Exception) -> Response:
@@ -126,5 +127,13 @@ def serve(
     app = build_app(gateway)
     log.info("relay http on http://%s:%d/ for the router at %s", host, port, gateway.address)
     # No access log: a stream's URL may carry its token (?token=).
-    uvicorn.run(app, host=host, port=port, access_log=False, log_level="warning")
+    # Open streams would hold a graceful shutdown forever: they get GRACE_S to end.
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        access_log=False,
+        log_level="warning",
+        timeout_graceful_shutdown=GRACE_S,
+    )
     return 0

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,8 @@ from typing import Any
 from broker.auth import AuthPolicy
 from edges.http.credentials import (
     bearer_token,
+    connection_owner,
     is_loopback,
-    read_socket_tables,
-    socket_owner,
     token_hash,
     tokens_by_hash,
 )
@@ -148,8 +148,7 @@ class Gateway:
     def _owner_on_loopback(self, peer: Peer) -> bool:
         if peer.client is None or peer.server is None or not is_loopback(peer.client[0]):
             return False
-        uid = socket_owner(read_socket_tables(), peer.client, peer.server)
-        return uid == self.home.owner_uid
+        return connection_owner(peer.client, peer.server) == self.home.owner_uid
 
     # ------------------------------------------------------------------ its connection
 
@@ -214,7 +213,7 @@ class Gateway:
             asyncio.get_running_loop().create_task(session.close())
 
     async def sweep(self, now: float, linger: float = HUB_LINGER_S) -> None:
-        """End observer hubs that no stream has used for ``linger`` seconds."""
+        """End observer hubs and inboxes that nobody has used for ``linger`` seconds."""
         for session in list(self._sessions.values()):
             await session.sweep(now, linger)
 
@@ -240,23 +239,32 @@ class Session:
         async with self._lock:
             if subject not in self.inboxes:
                 self.inboxes[subject] = await Inbox(self.client, subject).open()
+            self.inboxes[subject].last_used = time.monotonic()  # not swept before its read
             return self.inboxes[subject]
 
     async def hub(self, pattern: str) -> ObserverHub:
         async with self._lock:
             if pattern not in self.hubs:
                 self.hubs[pattern] = await ObserverHub(self.client, pattern).open()
-            return self.hubs[pattern]
+            hub = self.hubs[pattern]
+            if hub.idle_since is not None:  # not swept before the stream attaches
+                hub.idle_since = time.monotonic()
+            return hub
 
     def held(self, message_id: str) -> list[Held]:
         """The held copies of a message, one per inbox (endpoint) that holds it."""
         return [h for i in self.inboxes.values() if (h := i.find(message_id)) is not None]
 
     async def sweep(self, now: float, linger: float) -> None:
-        for pattern, hub in list(self.hubs.items()):
-            if hub.idle_for(now) > linger:
-                del self.hubs[pattern]
-                await hub.close()
+        async with self._lock:  # not while a read is opening the inbox it would close
+            for pattern, hub in list(self.hubs.items()):
+                if hub.idle_for(now) > linger:
+                    del self.hubs[pattern]
+                    await hub.close()
+            for subject, inbox in list(self.inboxes.items()):
+                if inbox.idle(now, linger):
+                    del self.inboxes[subject]
+                    await inbox.close()
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):

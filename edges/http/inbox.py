@@ -12,7 +12,9 @@ otherwise), and Relay's at-most-once delivery holds: nothing is redelivered by i
 are held for one identity at a time; more wait in ``new/`` until some are answered.
 Every held message is listed by each inbox read until it is answered, so a client that
 crashed after reading reads it again. A message held when the gateway stops stays
-claimed (`relay pending`), as with any consumer that went away.
+claimed (`relay pending`), as with any consumer that went away. An inbox holding
+nothing and not read for 300 s (HUB_LINGER_S) is closed: its 16 subscriptions count toward the
+router's 256 per connection.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class Inbox:
         self.window = window
         self.held: dict[str, Held] = {}  # by message id, oldest first
         self._arrived = asyncio.Event()
+        self.last_used = time.monotonic()  # idle inboxes are closed (Session.sweep)
         self._unsubscribes: list[Callable[[], Awaitable[None]]] = []
 
     async def open(self) -> Inbox:
@@ -75,7 +78,7 @@ class Inbox:
     async def read(self, limit: int, wait: float) -> list[Held]:
         """Up to ``limit`` held messages, oldest first; waits up to ``wait`` seconds for
         the first when none is held."""
-        deadline = time.monotonic() + wait
+        self.last_used = deadline = time.monotonic() + wait
         while not self.held:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -86,6 +89,10 @@ class Inbox:
             except TimeoutError:
                 break
         return list(self.held.values())[:limit]
+
+    def idle(self, now: float, linger: float) -> bool:
+        """Nothing held and not read for ``linger`` seconds: its subscriptions can go."""
+        return not self.held and now - self.last_used > linger
 
     def find(self, message_id: str) -> Held | None:
         return self.held.get(message_id)

@@ -17,12 +17,15 @@ from edges.http.errors import invalid
 from edges.http.gateway import Peer, Session
 from edges.http.inbox import INBOX_WINDOW, Held, Inbox
 from edges.http.streams import MODES, Stream
-from sdk.errors import EndpointNotFound, InvalidMessage, MessageNotFound
+from sdk.errors import EndpointNotFound, InvalidMessage, MessageNotFound, PayloadTooLarge
 from sdk.ids import check_id
 from sdk.subjects import validate
 from sdk.types import AccessRule, Budget, Signal
 
 MAX_WAIT_S = 30.0
+# A request body larger than this is refused before it is read whole: the router's own
+# bound on a request (16 MiB of msgpack) is the most any payload could need.
+MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 # ---------------------------------------------------------------------- request helpers
@@ -42,7 +45,7 @@ async def session_of(request: Request, *, token_in_query: bool = False) -> Sessi
 
 
 async def json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+    raw = await _bounded_body(request)
     try:
         body = json.loads(raw) if raw.strip() else {}
     except ValueError as exc:
@@ -50,6 +53,20 @@ async def json_body(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
     return body
+
+
+async def _bounded_body(request: Request) -> bytes:
+    too_large = PayloadTooLarge(f"a request body is at most {MAX_BODY_BYTES // 2**20} MiB")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def field(body: dict[str, Any], name: str, kind: type, *, required: bool = True) -> Any:

@@ -45,6 +45,7 @@ class Stream:
         self.queue: asyncio.Queue[Outgoing] = asyncio.Queue()
         self.backlog: list[bytes] = []
         self.closed = False
+        self._unsent: set[asyncio.Future] = set()  # consumed messages not yet written
         self._hub: ObserverHub | None = None
         self._ends: list[Callable[[], Awaitable[None]]] = []
 
@@ -72,8 +73,12 @@ class Stream:
         if self.closed:
             raise StreamClosed("the SSE stream closed before this message was sent")
         sent = asyncio.get_running_loop().create_future()
+        self._unsent.add(sent)
         self.queue.put_nowait(Outgoing(message_event(envelope)[1], sent))
-        await sent  # StreamClosed from close(): the SDK nacks with it
+        try:
+            await sent  # StreamClosed from close(): the SDK nacks with it
+        finally:
+            self._unsent.discard(sent)
 
     async def events(self, keepalive: float = KEEPALIVE_S) -> AsyncIterator[bytes]:
         try:
@@ -101,10 +106,10 @@ class Stream:
         self.closed = True
         if self._hub is not None:
             self._hub.detach(self.queue)
-        while not self.queue.empty():
-            item = self.queue.get_nowait()
-            if item.sent is not None and not item.sent.done():
-                item.sent.set_exception(StreamClosed("the SSE stream closed before it was sent"))
+        # Also the one being written when the client went away: its handler must end.
+        for sent in self._unsent:
+            if not sent.done():
+                sent.set_exception(StreamClosed("the SSE stream closed before it was sent"))
         ends, self._ends = self._ends, []
         if ends:
             asyncio.get_running_loop().create_task(_end_all(ends))
