@@ -494,8 +494,14 @@ def cmd_auth(args: argparse.Namespace) -> int:
 
 
 def cmd_http(args: argparse.Namespace) -> int:
-    from edges.http.app import serve  # needs the `edges` extra (starlette, uvicorn)
-
+    try:
+        from edges.http.app import serve
+    except ImportError as exc:  # starlette, uvicorn: the `edges` extra
+        print(
+            f"relay http: {exc}; install the edges extra: pip install -e '.[edges]'",
+            file=sys.stderr,
+        )
+        return 2
     return serve(
         Home(args.home).create(),
         args.listen,

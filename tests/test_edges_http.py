@@ -4,6 +4,7 @@ Each test gets its own broker (data directory, sockets) and gateway (free port).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -22,10 +23,13 @@ from edges.http.credentials import (
     token_hash,
     tokens_by_hash,
 )
-from edges.http.errors import STATUS_BY_CODE
+from edges.http.errors import STATUS_BY_CODE, HttpError
 from edges.http.gateway import Gateway, Peer
 from edges.http.openapi import document
+from edges.http.sse import CUT, ObserverHub, message_event
 from sdk.errors import ERROR_CLASSES, InvalidConfig
+from sdk.ids import new_id
+from sdk.types import Envelope, default_budget
 from tests.edges_harness import EventReader, RunningGateway
 from tests.harness import ROOT, Broker, free_port, wait_for
 
@@ -318,6 +322,35 @@ def test_stream_sends_keepalive_comments(gw: RunningGateway) -> None:
         reader.close()
 
 
+def _envelope(n: int) -> Envelope:
+    return Envelope(new_id(), DEMO, SENDER, None, default_budget(0), 0, n)
+
+
+def test_hub_replays_what_came_after_the_last_event_id_and_reports_a_gap_otherwise() -> None:
+    hub = ObserverHub(client=None, pattern=DEMO, buffer=3)  # type: ignore[arg-type]
+    envelopes = [_envelope(n) for n in range(5)]
+    for envelope in envelopes:
+        asyncio.run(hub._on_message(envelope))
+    ids = [message_event(e)[0] for e in envelopes]
+
+    backlog, _ = hub.attach(ids[2])  # the hub keeps the last 3: ids 2, 3, 4
+    assert backlog == [message_event(e)[1] for e in envelopes[3:]]
+    backlog, _ = hub.attach(ids[0])  # fell out of the buffer
+    assert len(backlog) == 1 and b"event: relay_gap" in backlog[0]
+    backlog, live = hub.attach(None)
+    assert backlog == [] and live.empty()
+
+
+def test_hub_cuts_a_stream_that_falls_too_far_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("edges.http.sse.LISTENER_LAG", 2)
+    hub = ObserverHub(client=None, pattern=DEMO)  # type: ignore[arg-type]
+    _, slow = hub.attach(None)
+    for n in range(3):
+        asyncio.run(hub._on_message(_envelope(n)))
+    assert [slow.get_nowait() for _ in range(3)][-1] is CUT
+    assert slow not in hub.listeners and hub.idle_since is not None
+
+
 # ---------------------------------------------------------------------- authentication
 
 
@@ -339,9 +372,18 @@ def test_kernel_address_is_the_proc_net_tcp_spelling() -> None:
     assert text == ("0100007F:1F90" if sys.byteorder == "little" else "7F000001:1F90")
 
 
+def test_a_broken_auth_json_serves_nobody(broker: Broker) -> None:
+    broker.home.auth_file.write_text("{not json")
+    gateway = Gateway(broker.home)
+    with pytest.raises(HttpError) as refused:
+        gateway.principal(None, Peer(("127.0.0.1", 40000), ("127.0.0.1", 7480)))
+    assert refused.value.status == 401
+    assert "auth.json is refused" in str(refused.value)
+
+
 def test_without_tokens_only_loopback_is_served(broker: Broker) -> None:
     gateway = Gateway(broker.home)
-    with pytest.raises(Exception) as refused:
+    with pytest.raises(HttpError) as refused:
         gateway.principal(None, Peer(("10.1.2.3", 40000), ("10.1.2.4", 7480)))
     assert refused.value.status == 401
     assert refused.value.code == "not_authorized"

@@ -69,21 +69,25 @@ class Peer:
 
 @dataclass
 class AuthFile:
-    """auth.json as last read, re-read when its size or mtime changes."""
+    """auth.json as last read, re-read when it changes: `relay auth` replaces the file
+    (a new inode), an editor may rewrite it (mtime, size)."""
 
     path: Path
     owner_uid: int
-    stamp: tuple[int, int] | None = None
+    stamp: tuple[int, int, int] | None = None
     tokens: dict[str, str] = field(default_factory=dict)  # token hash -> public key
     names: dict[str, str] = field(default_factory=dict)  # public key -> name
+    # Why the file was refused when no good one had been read: nobody is served then,
+    # not even the owner without a token (the file may have listed tokens).
+    refused: str | None = None
 
     def refresh(self) -> None:
         try:
             st = self.path.stat()
         except FileNotFoundError:
-            self.stamp, self.tokens, self.names = None, {}, {}
+            self.stamp, self.tokens, self.names, self.refused = None, {}, {}, None
             return
-        stamp = (st.st_mtime_ns, st.st_size)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         if stamp == self.stamp:
             return
         try:
@@ -92,9 +96,11 @@ class AuthFile:
         except (OSError, ValueError, RelayError) as exc:
             # As the router does: a broken file changes nothing; the last good one holds.
             log.error("auth.json refused, keeping the tokens read before: %s", exc)
+            if self.stamp is None or self.refused is not None:
+                self.refused = str(exc)
             self.stamp = stamp
             return
-        self.stamp = stamp
+        self.stamp, self.refused = stamp, None
         self.tokens = tokens_by_hash(data)
         self.names = {k: e.get("name", k) for k, e in data.get("keys", {}).items()}
 
@@ -128,6 +134,8 @@ class Gateway:
     ) -> Principal:
         """Whom this request acts for; `HttpError` 401 when nobody."""
         self.auth.refresh()
+        if self.auth.refused is not None:
+            raise unauthenticated(f"auth.json is refused, so nobody is served: {self.auth.refused}")
         token = bearer_token(authorization) or token
         if token is not None:
             key = self.auth.tokens.get(token_hash(token))
@@ -267,7 +275,10 @@ class Session:
                     await inbox.close()
 
     async def close(self) -> None:
+        """Close the connection: its "bye" ends every subscription at the router at once
+        (held messages stay claimed). Not one unsubscribe each: with the router already
+        gone (honcho stops all processes together) each would wait out its deadline."""
+        self.inboxes.clear()
+        self.hubs.clear()
         with contextlib.suppress(Exception):
-            for thing in [*self.inboxes.values(), *self.hubs.values()]:
-                await thing.close()
             await self.client.close()

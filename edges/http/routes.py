@@ -97,11 +97,11 @@ def query_number(request: Request, name: str, default: float, low: float, high: 
 
 
 async def publish(request: Request) -> Response:
+    session = await session_of(request)
     body = await json_body(request)
     if "payload" not in body:
         raise invalid("field 'payload' is missing (any JSON value)")
     budget = field(body, "budget", dict, required=False)
-    session = await session_of(request)
     result = await session.client.publish(
         field(body, "subject", str),
         body["payload"],
@@ -113,6 +113,7 @@ async def publish(request: Request) -> Response:
 
 
 async def send_signal(request: Request) -> Response:
+    session = await session_of(request)
     body = await json_body(request)
     subject = field(body, "subject", str)
     signal = Signal.from_wire(
@@ -124,7 +125,6 @@ async def send_signal(request: Request) -> Response:
             **({"data": body["data"]} if body.get("data") is not None else {}),
         }
     )
-    session = await session_of(request)
     await session.client.signal(subject, signal, sender=field(body, "from", str, required=False))
     return JSONResponse({"sent": True})
 
@@ -142,8 +142,8 @@ async def list_endpoints(request: Request) -> Response:
 
 
 async def register_endpoint(request: Request) -> Response:
-    body = await json_body(request)
     session = await session_of(request)
+    body = await json_body(request)
     info = await session.client.register_endpoint(field(body, "subject", str))
     return JSONResponse(info.to_wire(), status_code=201)
 
@@ -164,9 +164,9 @@ async def _registered_inbox(session: Session, subject: str) -> Inbox:
 
 
 async def inbox(request: Request) -> Response:
+    session = await session_of(request)
     limit = int(query_number(request, "limit", INBOX_WINDOW, 1, INBOX_WINDOW))
     wait = query_number(request, "wait", 0.0, 0.0, MAX_WAIT_S)
-    session = await session_of(request)
     box = await _registered_inbox(session, request.path_params["subject"])
     held = await box.read(limit, wait)
     return JSONResponse({"messages": [h.to_wire() for h in held]})
@@ -195,19 +195,19 @@ def _held(session: Session, message_id: str, endpoint: str | None) -> Held:
 
 
 async def ack(request: Request) -> Response:
+    session = await session_of(request)
     body = await json_body(request)
     endpoint = request.query_params.get("endpoint") or field(body, "endpoint", str, required=False)
-    session = await session_of(request)
     held = _held(session, request.path_params["id"], endpoint)
     Inbox.answer(held, None)
     return JSONResponse({"id": held.envelope.id, "endpoint": held.endpoint, "answer": "ack"}, 202)
 
 
 async def nack(request: Request) -> Response:
+    session = await session_of(request)
     body = await json_body(request)
     endpoint = request.query_params.get("endpoint") or field(body, "endpoint", str, required=False)
     reason = field(body, "reason", str, required=False) or "nacked over HTTP"
-    session = await session_of(request)
     held = _held(session, request.path_params["id"], endpoint)
     Inbox.answer(held, reason[:900])
     return JSONResponse({"id": held.envelope.id, "endpoint": held.endpoint, "answer": "nack"}, 202)
@@ -215,8 +215,8 @@ async def nack(request: Request) -> Response:
 
 async def requeue(request: Request) -> Response:
     """Operators: return a claimed, never-answered message to new/ (the router's requeue)."""
-    body = await json_body(request)
     session = await session_of(request)
+    body = await json_body(request)
     message_id = check_id(request.path_params["id"], "message id")
     endpoint = field(body, "endpoint", str)
     await asyncio.to_thread(session.client.sync.requeue, message_id, endpoint)
@@ -227,8 +227,8 @@ async def requeue(request: Request) -> Response:
 
 
 async def dead_letters(request: Request) -> Response:
-    limit = int(query_number(request, "limit", 100, 1, 1000))
     session = await session_of(request)
+    limit = int(query_number(request, "limit", 100, 1, 1000))
     items = await session.client.dead_letters(request.query_params.get("endpoint"), limit=limit)
     return JSONResponse({"items": items})
 
@@ -243,10 +243,10 @@ async def republish_dead_letter(request: Request) -> Response:
     """Publish a dead letter's payload again to its endpoint, as its sender (the router
     checks that this identity may send as it): a new message with a fresh budget. The
     router has no requeue of a failed copy; the dead letter stays until purged."""
+    session = await session_of(request)
     body = await json_body(request)
     message_id = check_id(request.path_params["id"], "message id")
     endpoint = field(body, "endpoint", str, required=False) or request.query_params.get("endpoint")
-    session = await session_of(request)
     items = await session.client.dead_letters(endpoint, limit=1000)
     letter = next((i for i in items if i["id"] == message_id), None)
     if letter is None:
@@ -277,16 +277,16 @@ async def list_rules(request: Request) -> Response:
 
 
 async def add_rule(request: Request) -> Response:
-    rule = AccessRule.from_wire(await json_body(request))
     session = await session_of(request)
+    rule = AccessRule.from_wire(await json_body(request))
     return JSONResponse((await session.client.add_rule(rule)).to_wire(), status_code=201)
 
 
 async def remove_rule(request: Request) -> Response:
+    session = await session_of(request)
     query = request.query_params
     if not query.get("from") or not query.get("to"):
         raise invalid("query parameters 'from' and 'to' name the rule to remove")
-    session = await session_of(request)
     return JSONResponse({"removed": await session.client.remove_rule(query["from"], query["to"])})
 
 
@@ -296,8 +296,8 @@ async def get_config(request: Request) -> Response:
 
 
 async def patch_config(request: Request) -> Response:
-    partial = await json_body(request)
     session = await session_of(request)
+    partial = await json_body(request)
     return JSONResponse(await session.client.set_config(partial))
 
 
@@ -310,6 +310,7 @@ async def status(request: Request) -> Response:
 
 
 async def stream(request: Request) -> Response:
+    session = await session_of(request, token_in_query=True)
     query = request.query_params
     pattern = validate(query.get("pattern") or ">", wildcards=True)
     mode = query.get("mode", "observe")
@@ -317,7 +318,6 @@ async def stream(request: Request) -> Response:
         raise invalid(f"mode must be one of {', '.join(MODES)}, got {mode!r:.40}")
     signals = query.get("signals", "true").lower() not in ("false", "0", "no")
     last_event_id = request.headers.get("last-event-id") or query.get("lastEventId")
-    session = await session_of(request, token_in_query=True)
     opened = await Stream(session, pattern).open(mode, signals, last_event_id)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(
