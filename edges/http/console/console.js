@@ -101,8 +101,12 @@ function showSignal(event, data) {
   const li = document.createElement("li");
   li.className = event === "relay_backpressure" ? "backpressure" : "";
   li.dataset.type = data.type;
+  // A signal is sent on a subject (the router's backpressure warnings: the publisher's)
+  // about an endpoint; say both when they differ.
+  const about = data.endpointSubject || data.subject;
+  const to = data.subject !== about ? ` (to ${data.subject})` : "";
   const extra = data.data ? ` ${JSON.stringify(data.data)}` : "";
-  li.textContent = `${time(data.timestamp)} ${data.type} ${data.state} on ${data.subject}${extra}`;
+  li.textContent = `${time(data.timestamp)} ${data.type} ${data.state} on ${about}${to}${extra}`;
   prepend($("#signals"), li);
 }
 
