@@ -26,7 +26,7 @@ class RunningGateway:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
-            build_app(self.gateway, keepalive=keepalive),
+            build_app(self.gateway, ("127.0.0.1", self.port), keepalive=keepalive),
             host="127.0.0.1",
             port=self.port,
             log_level="warning",

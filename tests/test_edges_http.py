@@ -5,6 +5,7 @@ Each test gets its own broker (data directory, sockets) and gateway (free port).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from edges.http.credentials import (
 )
 from edges.http.errors import STATUS_BY_CODE, HttpError
 from edges.http.gateway import Gateway, Peer
+from edges.http.guard import allowed_hosts, refusal
 from edges.http.openapi import document
 from edges.http.sse import CUT, ObserverHub, message_event
 from sdk.errors import ERROR_CLASSES, InvalidConfig
@@ -232,7 +234,7 @@ def test_openapi_documents_every_api_route_and_no_other(gw: RunningGateway) -> N
     served = gw.http.get("/openapi.json").json()
     assert served == document("1")
     documented = {(m.upper(), p) for p, ops in served["paths"].items() for m in ops}
-    app = build_app(Gateway(gw.broker.home))
+    app = build_app(Gateway(gw.broker.home), ("127.0.0.1", gw.port))
     routed = {
         (m, r.path) for r in app.routes if r.path.startswith("/api/") for m in r.methods - {"HEAD"}
     }
@@ -443,8 +445,6 @@ def test_auth_json_keeps_only_the_token_hash(broker: Broker) -> None:
     token = made.stdout.split("shown once; auth.json keeps its hash): ")[1].split()[0]
     text = broker.home.auth_file.read_text()
     assert token not in text
-    import json
-
     assert token_hash(token) in tokens_by_hash(json.loads(text))
 
 
@@ -472,6 +472,52 @@ def test_a_token_with_the_router_on_ipc_is_unavailable(broker: Broker) -> None:
         assert response.status_code == 503
         assert response.json()["error"]["code"] == "unavailable"
         assert "tcp://" in response.json()["error"]["message"]
+
+
+# ---------------------------------------------------------------------- other sites
+
+HOSTS = allowed_hosts("127.0.0.1", 7480)
+
+
+@pytest.mark.parametrize(
+    ("headers", "refused"),
+    [
+        ({"host": "127.0.0.1:7480"}, False),  # a script
+        ({"host": "localhost:7480", "sec-fetch-site": "same-origin"}, False),
+        ({"host": "127.0.0.1:7480", "sec-fetch-site": "none"}, False),  # the address bar
+        ({"host": "127.0.0.1:7480", "origin": "http://127.0.0.1:7480"}, False),
+        ({"host": "127.0.0.1:7480", "sec-fetch-site": "cross-site"}, True),  # <img src=...>
+        ({"host": "127.0.0.1:7480", "sec-fetch-site": "same-site"}, True),
+        ({"host": "127.0.0.1:7480", "origin": "https://evil.example"}, True),  # a form POST
+        ({"host": "127.0.0.1:7480", "origin": "null"}, True),  # a sandboxed frame
+        ({"host": "evil.example:7480"}, True),  # DNS rebinding
+        ({"host": "127.0.0.1:9999"}, True),
+    ],
+    ids=[
+        "script", "same-origin", "address-bar", "own-origin", "cross-site", "same-site",
+        "other-origin", "null-origin", "rebound-name", "other-port",
+    ],
+)  # fmt: skip
+def test_requests_from_other_sites_are_refused(headers: dict, refused: bool) -> None:
+    assert (refusal(headers, HOSTS) is not None) == refused
+
+
+def test_listening_on_all_interfaces_skips_only_the_host_check() -> None:
+    assert allowed_hosts("0.0.0.0", 7480) is None
+    assert refusal({"host": "box.lan:7480"}, None) is None
+    assert refusal({"host": "box.lan:7480", "sec-fetch-site": "cross-site"}, None)
+
+
+def test_a_cross_site_publish_gets_403_access_denied(gw: RunningGateway) -> None:
+    register(gw)
+    response = gw.http.post(
+        "/api/publish",
+        content=json.dumps({"subject": DEMO, "from": SENDER, "payload": "csrf"}),
+        headers={"Origin": "https://evil.example", "Content-Type": "text/plain"},
+    )
+    assert response.status_code == 403
+    assert response.json()["error"]["code"] == "access_denied"
+    assert gw.http.get("/api/endpoints").json()["endpoints"][0]["depth"] == 0
 
 
 # ---------------------------------------------------------------------- the command

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -17,6 +18,7 @@ from starlette.staticfiles import StaticFiles
 
 from edges.http.errors import HttpError, error_body, status_for
 from edges.http.gateway import Gateway
+from edges.http.guard import CrossSiteGuard, allowed_hosts
 from edges.http.openapi import document
 from edges.http.routes import ROUTES
 from edges.http.sse import KEEPALIVE_S
@@ -67,7 +69,12 @@ async def console(request: Request) -> Response:
     return FileResponse(CONSOLE / "index.html", headers={"Cache-Control": "no-cache"})
 
 
-def build_app(gateway: Gateway, *, keepalive: float = KEEPALIVE_S) -> Starlette:
+def build_app(
+    gateway: Gateway, listen: tuple[str, int], *, keepalive: float = KEEPALIVE_S
+) -> Starlette:
+    """The app for a gateway listening on ``listen`` (host, port): the Host header a
+    request may carry depends on it (edges/http/guard.py)."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         sweeper = asyncio.create_task(_sweep(gateway))
@@ -85,6 +92,7 @@ def build_app(gateway: Gateway, *, keepalive: float = KEEPALIVE_S) -> Starlette:
             Mount("/console", StaticFiles(directory=CONSOLE), name="console"),
         ],
         exception_handlers={RelayError: relay_error, 404: not_found, 405: not_found, 500: internal},
+        middleware=[Middleware(CrossSiteGuard, hosts=allowed_hosts(*listen))],
         lifespan=lifespan,
     )
     app.state.gateway = gateway
@@ -124,7 +132,7 @@ def serve(
     gateway = Gateway(
         home, address=address, key_file=key_file, server_key=server_key, timeout=timeout
     )
-    app = build_app(gateway)
+    app = build_app(gateway, (host, port))
     log.info("relay http on http://%s:%d/ for the router at %s", host, port, gateway.address)
     # No access log: a stream's URL may carry its token (?token=).
     # Open streams would hold a graceful shutdown forever: they get GRACE_S to end.

@@ -52,7 +52,7 @@ class Inbox:
         self.client = client
         self.subject = subject
         self.window = window
-        self.held: dict[str, Held] = {}  # by message id, oldest first
+        self.held: dict[str, Held] = {}  # by message id
         self._arrived = asyncio.Event()
         self.last_used = time.monotonic()  # idle inboxes are closed (Session.sweep)
         self._unsubscribes: list[Callable[[], Awaitable[None]]] = []
@@ -88,7 +88,9 @@ class Inbox:
                 await asyncio.wait_for(self._arrived.wait(), left)
             except TimeoutError:
                 break
-        return list(self.held.values())[:limit]
+        # Oldest first by id (ULID order, the endpoint's FIFO): the subscriptions' handler
+        # threads may hand over two pushes in either order.
+        return sorted(self.held.values(), key=lambda h: h.envelope.id)[:limit]
 
     def idle(self, now: float, linger: float) -> bool:
         """Nothing held and not read for ``linger`` seconds: its subscriptions can go."""
