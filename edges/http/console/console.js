@@ -110,8 +110,12 @@ function showSignal(event, data) {
   prepend($("#signals"), li);
 }
 
+// What the live lists watch: ?pattern=P in the page's address (default: everything),
+// for an identity that may receive only some endpoints.
+const PATTERN = new URLSearchParams(location.search).get("pattern") || ">";
+
 function openStream() {
-  const query = new URLSearchParams({ pattern: ">", mode: "observe" });
+  const query = new URLSearchParams({ pattern: PATTERN, mode: "observe" });
   if (token()) query.set("token", token());
   const source = new EventSource(`/api/stream?${query}`);
   const state = $("#stream-state");
@@ -234,6 +238,7 @@ function republish(letter) {
 // ------------------------------------------------------------------ start
 
 function start() {
+  $("#pattern").textContent = PATTERN;
   $("#token-form").addEventListener("submit", (e) => {
     e.preventDefault();
     localStorage.setItem("relay-token", $("#token").value.trim());
