@@ -29,9 +29,10 @@ from edges.http.gateway import Gateway, Peer
 from edges.http.guard import allowed_hosts, refusal
 from edges.http.openapi import document
 from edges.http.sse import CUT, ObserverHub, message_event
+from edges.http.streams import Stream
 from sdk.errors import ERROR_CLASSES, InvalidConfig
 from sdk.ids import new_id
-from sdk.types import Envelope, default_budget
+from sdk.types import Envelope, Signal, SignalType, default_budget
 from tests.edges_harness import EventReader, RunningGateway
 from tests.harness import ROOT, Broker, free_port, wait_for
 
@@ -351,6 +352,17 @@ def test_hub_cuts_a_stream_that_falls_too_far_behind(monkeypatch: pytest.MonkeyP
         asyncio.run(hub._on_message(_envelope(n)))
     assert [slow.get_nowait() for _ in range(3)][-1] is CUT
     assert slow not in hub.listeners and hub.idle_since is not None
+
+
+def test_a_stream_nobody_reads_ends_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("edges.http.sse.LISTENER_LAG", 2)
+    stream = Stream(session=None, pattern=DEMO)  # type: ignore[arg-type]
+    typing = Signal(SignalType.TYPING, "active", DEMO, 0)
+    for _ in range(4):
+        asyncio.run(stream._signal(DEMO, typing))
+    assert stream.closed
+    assert [stream.queue.get_nowait() for _ in range(3)][-1] is CUT
+    assert stream.queue.empty()
 
 
 # ---------------------------------------------------------------------- authentication

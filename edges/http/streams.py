@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from edges.http import sse
 from edges.http.gateway import Session
 from edges.http.sse import (
     CUT,
@@ -66,8 +67,15 @@ class Stream:
         return self
 
     async def _signal(self, subject: str, signal: Signal) -> None:
-        if not self.closed:
-            self.queue.put_nowait(Outgoing(signal_event(subject, signal)))
+        if self.closed:
+            return
+        if self.queue.qsize() >= sse.LISTENER_LAG:
+            # Nobody reads: a client too slow, or a response cancelled before its body
+            # began (its generator never ran, so its finally will not close us).
+            self.close()
+            self.queue.put_nowait(CUT)
+            return
+        self.queue.put_nowait(Outgoing(signal_event(subject, signal)))
 
     async def _consume(self, envelope: Envelope) -> None:
         if self.closed:
