@@ -57,9 +57,9 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     return status, await reader.readexactly(length)
 
 
-def _post(path: str, body: bytes) -> bytes:
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+def _post(port: int, path: str, body: bytes) -> bytes:
+    head = (  # the Host the gateway listens as (edges/http/guard.py)
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
@@ -92,7 +92,8 @@ class SseReader:
         self.latencies: list[float] = []
         self.ready = threading.Event()
         self._sock = socket.create_connection(("127.0.0.1", port))
-        self._sock.sendall(f"GET /api/stream?{query} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+        request = f"GET /api/stream?{query} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"
+        self._sock.sendall(request.encode())
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
         if not self.ready.wait(10):
@@ -145,6 +146,7 @@ class HttpBench:
             raise
         self.requests = [
             _post(
+                self.port,
                 "/api/publish",
                 json.dumps({"subject": s, "from": SENDER, "payload": PAYLOAD}).encode(),
             )
