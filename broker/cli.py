@@ -493,6 +493,14 @@ def cmd_auth(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from edges.mcp_server import serve  # the mcp package is needed by this command only
+
+    with _client(args) as client:
+        serve(client, args.sender, http=args.http)
+    return 0
+
+
 def cmd_http(args: argparse.Namespace) -> int:
     try:
         from edges.http.app import serve
@@ -616,6 +624,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--admin", action="store_true", help="may change config, rules, purge...")
     p.add_argument("--name", help="a name for people (default: the key name or uid)")
     p.add_argument("--dir", help="where add-key writes the certificate (default <home>/keys)")
+    p = command("mcp", cmd_mcp, "an MCP server: Relay's tools for one agent (stdio)")
+    p.add_argument("--as", dest="sender", required=True, help="the sender subject it acts as")
+    p.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP at /mcp instead")
     p = command("http", cmd_http, "the HTTP + SSE gateway and the live console (docs/http.md)")
     p.add_argument("--listen", default="127.0.0.1:7480", help="HOST:PORT (default 127.0.0.1:7480)")
     p = command("ops", cmd_ops, "Spark jobs: compaction and metrics", client=False)

@@ -9,7 +9,7 @@ endpoint's breaker (`outcome`). Signals to emit come back as data; the router se
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from broker.backpressure import Level, Pressure, pressure
@@ -23,8 +23,7 @@ SIGNAL_INTERVAL_MS = 1000  # backpressure signals: at most one a second per subj
 
 
 class Reliability:
-    def __init__(self, config: dict[str, Any], depth_of: Callable[[str], int]) -> None:
-        self._depth_of = depth_of
+    def __init__(self, config: dict[str, Any]) -> None:
         self.limiter = RateLimiter()
         self.breakers: dict[str, CircuitBreaker] = {}
         self._signalled: dict[tuple[str, str, str], int] = {}
@@ -56,20 +55,22 @@ class Reliability:
 
     # --- per target endpoint ---------------------------------------------------------------
 
-    def pressure_of(self, endpoint: str) -> Pressure:
+    def pressure_of(self, depth: int) -> Pressure:
+        """The pressure on an endpoint with ``depth`` messages waiting in its new/."""
         section = self.config["backpressure"]
         return pressure(
-            self._depth_of(endpoint),
+            depth,
             section["maxMailboxSize"],
             section["pressureWarningAt"],
             section["enabled"],
         )
 
     def gate(
-        self, endpoint: str, endpoint_subject: str, sender: str, now: int
+        self, endpoint: str, endpoint_subject: str, sender: str, depth: int, now: int
     ) -> tuple[Refusal | None, bool, list[tuple[str, Signal]]]:
-        """Backpressure, then the circuit breaker: (refusal, is_probe, signals to send)."""
-        load = self.pressure_of(endpoint)
+        """Backpressure (``depth``: messages waiting in the endpoint's new/), then the
+        circuit breaker: (refusal, is_probe, signals to send)."""
+        load = self.pressure_of(depth)
         signals = self._backpressure_signals(endpoint, endpoint_subject, sender, load, now)
         if load.reject:
             return Refusal("backpressure", load.reason), False, signals

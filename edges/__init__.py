@@ -1,1 +1,7 @@
-"""The agents' front door: programs that speak to the world for the router (HTTP, MCP)."""
+"""Edges: processes that speak to the outside world and are clients of the router.
+
+Each edge is a client of the router through the SDK, in its own process, never a
+second router (docs/architecture.md, DESIGN "Edges"): `relay mcp` (edges.mcp_server)
+serves agents over the Model Context Protocol; `relay http` (edges.http) serves REST,
+server-sent events and the live console.
+"""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.consumers import CONSUME, OBSERVE, SESSION_TIMEOUT_MS, Consumers
+from broker.router.consumers import CONSUME, OBSERVE, SESSION_TIMEOUT_MS, Consumers
 
 SUBJECT = "relay.agent.p.a"
 

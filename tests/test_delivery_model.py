@@ -1,6 +1,6 @@
 """The delivery ledger against a model of the Maildir, at thousands of steps a second.
 
-The test plays the router's loop around the pure `Ledger` (broker/delivery.py) and the
+The test plays the router's loop around the pure `Ledger` (broker/router/delivery.py) and the
 real `Consumers`, and simulates each shard's writer as a queue of commands applied to
 sets of ids per directory (new/, cur/, done, failed). Hypothesis picks the sequences:
 publishes (concrete and wildcard, into new/ or stored claimed), subscriptions with
@@ -35,8 +35,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from broker.consumers import CONSUME, Consumers
-from broker.delivery import Claim, Ledger, PutBack
+from broker.router.consumers import CONSUME, Consumers
+from broker.router.delivery import Claim, Ledger, PutBack
 from sdk.ids import new_id
 from sdk.paths import shard_of
 from sdk.subjects import endpoint_hash, matches

@@ -19,43 +19,40 @@ def config(**sections):
 
 
 def test_a_full_mailbox_refuses_before_the_breaker_is_asked():
-    depth = {A: 2}
-    r = Reliability(config(backpressure={"maxMailboxSize": 2}), depth.get)
-    refusal, probe, signals = r.gate(A, SUBJECT, SENDER, now=0)
+    r = Reliability(config(backpressure={"maxMailboxSize": 2}))
+    refusal, probe, signals = r.gate(A, SUBJECT, SENDER, 2, now=0)
     assert refusal.reason == "backpressure" and not probe
     assert [(s, sig.state) for s, sig in signals] == [(SENDER, "critical"), (SUBJECT, "critical")]
     assert A not in r.breakers
 
 
 def test_backpressure_signals_are_throttled_to_one_a_second_per_subject():
-    depth = {A: 9}
-    r = Reliability(config(backpressure={"maxMailboxSize": 10}), depth.get)
-    assert len(r.gate(A, SUBJECT, SENDER, now=0)[2]) == 2
-    assert r.gate(A, SUBJECT, SENDER, now=999)[2] == []
-    assert len(r.gate(A, SUBJECT, SENDER, now=1000)[2]) == 2
+    r = Reliability(config(backpressure={"maxMailboxSize": 10}))
+    assert len(r.gate(A, SUBJECT, SENDER, 9, now=0)[2]) == 2
+    assert r.gate(A, SUBJECT, SENDER, 9, now=999)[2] == []
+    assert len(r.gate(A, SUBJECT, SENDER, 9, now=1000)[2]) == 2
     r.prune(5000)
     assert r._signalled == {}
 
 
 def test_an_open_breaker_refuses_and_a_write_outcome_closes_it_through_a_probe():
     r = Reliability(
-        config(circuitBreaker={"failureThreshold": 1, "cooldownMs": 1000, "successToClose": 1}),
-        lambda e: 0,
+        config(circuitBreaker={"failureThreshold": 1, "cooldownMs": 1000, "successToClose": 1})
     )
     r.consumer_outcome(A, success=False, now=0)
-    assert r.gate(A, SUBJECT, SENDER, now=10)[0].reason == "circuit_open"
-    _, probe, _ = r.gate(A, SUBJECT, SENDER, now=1000)
+    assert r.gate(A, SUBJECT, SENDER, 0, now=10)[0].reason == "circuit_open"
+    _, probe, _ = r.gate(A, SUBJECT, SENDER, 0, now=1000)
     assert probe
     r.outcome(Copy(A, SUBJECT, b"", probe=True), success=True, now=1001)
     assert r.describe(A, 1002)["state"] == "closed"
 
 
 def test_a_probe_never_tried_frees_its_slot_without_counting():
-    r = Reliability(config(circuitBreaker={"failureThreshold": 1, "cooldownMs": 1000}), lambda e: 0)
+    r = Reliability(config(circuitBreaker={"failureThreshold": 1, "cooldownMs": 1000}))
     r.consumer_outcome(A, success=False, now=0)
-    _, probe, _ = r.gate(A, SUBJECT, SENDER, now=1000)
+    _, probe, _ = r.gate(A, SUBJECT, SENDER, 0, now=1000)
     r.never_tried(Copy(A, SUBJECT, b"", probe=probe))
-    assert r.gate(A, SUBJECT, SENDER, now=1001)[1]  # the slot is free again
+    assert r.gate(A, SUBJECT, SENDER, 0, now=1001)[1]  # the slot is free again
     assert r.describe(A, 1001)["state"] == "half_open"
 
 
@@ -66,8 +63,7 @@ def test_disabled_policies_let_everything_through():
             rateLimit={**off, "maxPerWindow": 0},
             circuitBreaker=off,
             backpressure={**off, "maxMailboxSize": 0},
-        ),
-        {A: 5}.get,
+        )
     )
     assert r.rate(SENDER, 0) is None
-    assert r.gate(A, SUBJECT, SENDER, now=0) == (None, False, [])
+    assert r.gate(A, SUBJECT, SENDER, 5, now=0) == (None, False, [])

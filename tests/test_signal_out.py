@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from broker.signal_out import SignalOutbox
+from broker.router.signal_out import SignalOutbox
 from sdk import wire
 
 _addresses = itertools.count()

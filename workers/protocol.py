@@ -5,7 +5,7 @@ Not public: both ends ship together. The router binds one ROUTER socket per shar
 writer connects a DEALER to its shard socket and a PUSH to the results socket. The
 router sends to the one peer of a shard socket that said ``hello`` there, so another
 process connecting to it gets nothing and, leaving, is not taken for the writer
-(broker/writer_links.py).
+(broker/router/writer_links.py).
 
 Router → writer, ``[kind, msgpack header]`` or ``[kind, header, data]``:
 
@@ -56,6 +56,11 @@ TARGET_CUR = "cur"
 TARGET_FAILED = "failed"
 
 
+# ---------------------------------------------------------------------- the records
+# Each packs as a msgpack array (a NamedTuple is a tuple): its fields, in order, are the
+# positional form the module's docstring gives.
+
+
 class DeliveryHeader(NamedTuple):
     """What a writer needs besides the file bytes to store and index one copy."""
 
@@ -71,18 +76,80 @@ class DeliveryHeader(NamedTuple):
     failed_at: int | None = None
 
 
+class ClaimOrder(NamedTuple):
+    """``claim``: move new/ -> cur/ for subscription ``sub``."""
+
+    sub: int
+    id: str
+    endpoint: str
+
+
+class Op(NamedTuple):
+    """``op``: an operation the writer answers with a `Reply` of the same token."""
+
+    token: int
+    name: str
+    args: dict[str, Any]
+
+
+class Hello(NamedTuple):
+    shard: int
+    shards: int
+    pid: int
+
+
+class Stored(NamedTuple):
+    """One copy of a ``stored`` report: durable at ``stored_at``, or not (``code``)."""
+
+    token: int
+    id: str
+    endpoint: str
+    stored_at: int | None
+    code: str | None
+    message: str | None
+    target: str  # as sent: an answer the router no longer waits for still says where
+
+    def failed(self, code: str, message: str) -> Stored:
+        return self._replace(stored_at=None, code=code, message=message)
+
+
+class Claimed(NamedTuple):
+    """A ``claimed`` report; the file's bytes travel in the frame after it."""
+
+    sub: int
+    id: str
+    endpoint: str
+    code: str | None = None
+    message: str | None = None
+
+
+class Ingested(NamedTuple):
+    """A file another program put into new/; its bytes travel after it."""
+
+    id: str
+    endpoint: str
+
+
+class Reply(NamedTuple):
+    token: int
+    ok: bool
+    result: Any  # the result, or {code, message}
+
+
+# ---------------------------------------------------------------------- the frames
+
+
 def deliver(items: list[tuple[DeliveryHeader, bytes]]) -> list[bytes]:
     """One frame carrying many deliveries: (header, file bytes) pairs."""
-    # A NamedTuple packs as a msgpack array already.
     return [DELIVER, packb([[header for header, _ in items], [data for _, data in items]])]
 
 
 def claim(sub: int, message_id: str, endpoint: str) -> list[bytes]:
-    return [CLAIM, packb([sub, message_id, endpoint])]
+    return [CLAIM, packb(ClaimOrder(sub, message_id, endpoint))]
 
 
 def op(token: int, name: str, **args: Any) -> list[bytes]:
-    return [OP, packb([token, name, args])]
+    return [OP, packb(Op(token, name, args))]
 
 
 def requeue(token: int, message_id: str, endpoint: str) -> list[bytes]:
@@ -91,10 +158,10 @@ def requeue(token: int, message_id: str, endpoint: str) -> list[bytes]:
 
 
 def hello(shard: int, shards: int, pid: int) -> list[bytes]:
-    return [HELLO, packb([shard, shards, pid])]
+    return [HELLO, packb(Hello(shard, shards, pid))]
 
 
-def stored(results: list[list[Any]]) -> list[bytes]:
+def stored(results: list[Stored]) -> list[bytes]:
     return [STORED, packb(results)]
 
 
@@ -102,25 +169,41 @@ def claimed(
     sub: int, message_id: str, endpoint: str, data: bytes, error: tuple[str, str] | None = None
 ) -> list[bytes]:
     code, message = error or (None, None)
-    return [CLAIMED, packb([sub, message_id, endpoint, code, message]), data]
+    return [CLAIMED, packb(Claimed(sub, message_id, endpoint, code, message)), data]
 
 
 def ingested(message_id: str, endpoint: str, data: bytes) -> list[bytes]:
-    return [INGESTED, packb([message_id, endpoint]), data]
+    return [INGESTED, packb(Ingested(message_id, endpoint)), data]
 
 
 def reply(token: int, ok: bool, result: Any) -> list[bytes]:
-    return [REPLY, packb([token, ok, result])]
+    return [REPLY, packb(Reply(token, ok, result))]
+
+
+# What each kind's header decodes into, both directions (``deliver`` aside).
+_RECORDS: dict[bytes, Any] = {
+    CLAIM: ClaimOrder,
+    OP: Op,
+    HELLO: Hello,
+    CLAIMED: Claimed,
+    INGESTED: Ingested,
+    REPLY: Reply,
+}
 
 
 def decode(frames: list[bytes]) -> tuple[bytes, Any, bytes | None]:
-    """Split a frame list into (kind, decoded header, data or None).
+    """Split a frame list into (kind, header record, data or None): a ``stored`` header
+    is a list of `Stored`, every other kind's one record. A header of the wrong shape
+    raises (TypeError, ValueError).
 
     For ``deliver`` use `decode_deliveries`."""
     kind = bytes(frames[0])
-    header = unpackb(frames[1]) if len(frames) > 1 else None
+    raw = unpackb(frames[1]) if len(frames) > 1 else None
     data = bytes(frames[2]) if len(frames) > 2 else None
-    return kind, header, data
+    if kind == STORED:
+        return kind, [Stored(*row) for row in raw], data
+    record = _RECORDS.get(kind)
+    return kind, (record(*raw) if record is not None else raw), data
 
 
 def decode_deliveries(frames: list[bytes]) -> list[tuple[DeliveryHeader, bytes]]:

@@ -236,11 +236,11 @@ class Writer:
         self, deliveries: list[tuple[proto.DeliveryHeader, bytes]], changes: IndexChanges
     ) -> list[bytes]:
         items = [(self._watch(h.endpoint), h.id, data, h.target) for h, data in deliveries]
-        results: list[list[Any]] = []
+        results: list[proto.Stored] = []
         for (h, data), outcome in zip(deliveries, deliver_batch(items), strict=True):
             if isinstance(outcome, Exception):
-                error = ["storage_error", str(outcome)]
-                results.append([h.token, h.id, h.endpoint, None, *error, h.target])
+                error = ("storage_error", str(outcome))
+                results.append(proto.Stored(h.token, h.id, h.endpoint, None, *error, h.target))
                 continue
             failed = h.target == proto.TARGET_FAILED
             claimed = h.target == proto.TARGET_CUR
@@ -265,7 +265,7 @@ class Writer:
                     size=len(data),
                 )
             )
-            results.append([h.token, h.id, h.endpoint, outcome, None, None, h.target])
+            results.append(proto.Stored(h.token, h.id, h.endpoint, outcome, None, None, h.target))
         return proto.stored(results)
 
     def _unclaim(self, stored_claimed: list[tuple[str, str]]) -> None:
@@ -282,7 +282,7 @@ class Writer:
         self, kind: bytes, header: Any, data: bytes | None, changes: IndexChanges
     ) -> list[list[bytes]]:
         if kind == proto.CLAIM:
-            sub, message_id, endpoint = header
+            sub, message_id, endpoint = header  # a proto.ClaimOrder
             try:
                 mailbox = self._mailbox(endpoint)
                 name, content = mailbox.claim(message_id, now_ms(), sync=False)
@@ -295,7 +295,7 @@ class Writer:
             changes.claims.append((message_id, endpoint, _claimed_at(name)))
             return [proto.claimed(sub, message_id, endpoint, content)]
         if kind == proto.OP:
-            token, name, args = header
+            token, name, args = header  # a proto.Op
             try:
                 result = self._operation(name, args, changes)
             except RelayError as exc:
@@ -513,16 +513,11 @@ def _failed_outbox(frames: list[bytes], exc: Exception) -> list[bytes]:
     kind, header, _data = proto.decode(frames)
     error = ("storage_error", f"index update failed: {exc}")
     if kind == proto.STORED:
-        return proto.stored(
-            [
-                [t, i, e, None, *error, g] if s is not None else [t, i, e, s, c, m, g]
-                for t, i, e, s, c, m, g in header
-            ]
-        )
+        return proto.stored([s.failed(*error) if s.stored_at is not None else s for s in header])
     if kind == proto.CLAIMED:
-        return proto.claimed(header[0], header[1], header[2], b"", error)
+        return proto.claimed(header.sub, header.id, header.endpoint, b"", error)
     if kind == proto.REPLY:
-        return proto.reply(header[0], False, {"code": error[0], "message": error[1]})
+        return proto.reply(header.token, False, {"code": error[0], "message": error[1]})
     return frames
 
 

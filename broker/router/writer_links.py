@@ -66,6 +66,18 @@ class WriterLinks:
             return "up"
         return "down" if shard in self.seen else "starting"
 
+    def status(self) -> list[dict[str, Any]]:
+        """Each shard's writer as ``relay status`` shows it."""
+        return [
+            {
+                "shard": shard,
+                "pid": writer.pid if writer else None,
+                "state": self.state(shard),
+                "since": writer.since if writer else None,
+            }
+            for shard, writer in ((s, self.up.get(s)) for s in range(self.shards))
+        ]
+
     def send(self, shard: int, frames: list[bytes]) -> bool:
         """Hand frames to the shard's writer; False if it is not up or not reading."""
         writer = self.up.get(shard)
@@ -101,7 +113,7 @@ class WriterLinks:
             log.warning("shard %d socket: a frame that is not a writer's hello dropped", shard)
             return None
         try:
-            said_shard, shards, pid = proto.decode([f.bytes for f in frames[1:]])[1]
+            said_shard, shards, pid = proto.decode([f.bytes for f in frames[1:]])[1]  # Hello
             if not all(type(v) is int for v in (said_shard, shards, pid)):
                 raise TypeError("hello fields must be ints")
         except Exception as exc:  # bytes from any peer: never a crash of the router

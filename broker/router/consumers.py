@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from broker.auth import Identity
+from broker.auth import AuthPolicy, Identity
 from broker.sublist import Sublist
 
 SESSION_TIMEOUT_MS = 5_000
@@ -46,7 +46,6 @@ class Session:
     # change under an open connection); the operations check it.
     who: Identity | None = None
     subs: set[int] = field(default_factory=set)
-    waiting: int = 0  # this client's requests waiting on writers (bounded)
     batches: bool = False  # asked (hello/ping "batch": true) for its replies batched
     # Messages handed to this client and not yet acknowledged:
     # (id, endpoint) -> (sub id, the message's sender, for its delivery receipt).
@@ -108,6 +107,21 @@ class Consumers:
                 self.unsubscribe(sub_id)
         return session
 
+    def end_beyond_rights(self, policy: AuthPolicy) -> list[tuple[Subscription, str]]:
+        """End the subscriptions whose client may no longer receive what they cover
+        (auth.json narrowed, or its credentials revoked): pushes stop at once, not at
+        the next subscribe. Messages already pushed stay held (ack them as usual); the
+        client learns at its next heartbeat. Returns each ended one with who held it."""
+        ended = []
+        for session in list(self.sessions.values()):
+            who = policy.identity(session.user)
+            for sub_id in sorted(session.subs):
+                sub = self.subs[sub_id]
+                if who is None or not who.may_consume(sub.pattern):
+                    self.unsubscribe(sub_id)
+                    ended.append((sub, who.name if who else str(session.user)))
+        return ended
+
     def expired(self, now_ms: int) -> list[bytes]:
         limit = now_ms - SESSION_TIMEOUT_MS
         return [s.identity for s in self.sessions.values() if s.last_seen < limit]
@@ -131,6 +145,12 @@ class Consumers:
         session = self.sessions.get(sub.client)
         if session is not None:
             session.unacked[(message_id, endpoint)] = (sub.id, sender)
+
+    def holder_of(self, message_id: str, endpoint: str) -> bytes | None:
+        """The client a message was handed to and is not finished by (an operator's
+        complete/fail/requeue settles it on that client's behalf)."""
+        key = (message_id, endpoint)
+        return next((s.identity for s in self.sessions.values() if key in s.unacked), None)
 
     def settled(self, identity: bytes, message_id: str, endpoint: str) -> str | None:
         """An ack or nack arrived: give the credit back and return the message's sender.

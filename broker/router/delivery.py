@@ -4,7 +4,7 @@ It holds, per endpoint (`EndpointQueue`), the ids waiting in ``new/`` oldest fir
 claims in flight, the copies on their way into ``new/`` and the messages being put back;
 across endpoints, the claims sent and not answered (per shard), the put-backs not
 confirmed, the endpoints with messages waiting ("starved", least recently served first)
-and the shards whose writer is up. Consumers (broker/consumers.py) says who may take a
+and the shards whose writer is up. Consumers (broker/router/consumers.py) says who may take a
 message; the ledger decides what to claim for whom, and the router's loop sends what
 it returns (`take_outbox`: `Claim`, `PutBack`) and tells it what happened.
 
@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from broker.consumers import Consumers, Subscription
+from broker.router.consumers import Consumers, Subscription
 from sdk.paths import shard_of
 from sdk.subjects import has_wildcards, matches
 

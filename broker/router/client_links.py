@@ -1,0 +1,97 @@
+"""The router's two public sockets: a ROUTER for clients (requests in; replies and pushed
+messages out) and an XPUB for signals. Both are secured (broker/zap.py): an ipc://
+socket file is the owner's only, unless auth.json admits other uids."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+
+import zmq
+
+from broker.zap import message_user, secure
+from sdk.paths import Home
+from sdk.sockets import NOBLOCK, send_parts
+
+log = logging.getLogger("relay.router")
+
+CLIENT_HWM = 100_000
+
+
+class ClientLinks:
+    def __init__(self, ctx: zmq.Context, home: Home, address: str, signals_address: str):
+        self.address = address
+        self.signals_address = signals_address
+        self.clients = ctx.socket(zmq.ROUTER)
+        self.clients.setsockopt(zmq.ROUTER_MANDATORY, 1)  # EHOSTUNREACH, never a silent drop
+        self.clients.setsockopt(zmq.SNDHWM, CLIENT_HWM)
+        # XPUB: the router sees the topics subscribed to (broker/router/signal_out.py).
+        self.signals = ctx.socket(zmq.XPUB)
+        for sock, where in ((self.clients, address), (self.signals, signals_address)):
+            sock.setsockopt(zmq.LINGER, 0)
+            secure(sock, where, home.keys)
+
+    def bind(self) -> list[str]:
+        self.clients.bind(self.address)
+        self.signals.bind(self.signals_address)
+        return [self.address, self.signals_address]
+
+    def requests(self, limit: int) -> Iterator[tuple[list[bytes], str | None]]:
+        """What clients sent, frame lists with the ZAP user their connection was admitted
+        as, until none waits or ``limit`` were read."""
+        for _ in range(limit):
+            try:
+                frames = self.clients.recv_multipart(NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            yield [f.bytes for f in frames], message_user(frames[0])
+
+    def send(self, identity: bytes, frames: list[bytes], *, copy: bool = True) -> bool:
+        """False when the client is gone (EHOSTUNREACH) or not reading (EAGAIN)."""
+        # Zero-copy only for pushes, whose file bytes may be a megabyte; small frames
+        # are cheaper copied.
+        try:
+            send_parts(self.clients, [identity, *frames], NOBLOCK, copy)
+            return True
+        except zmq.ZMQError as exc:
+            log.info("client %s unreachable (%s): session ended", identity.hex(), exc)
+            return False
+
+    def rebind_signals(self) -> None:
+        """Requests are checked one by one, but a SUB connection only at its handshake:
+        drop every signal subscriber so each reconnects (libzmq does, by itself) through
+        ZAP again. Signals are ephemeral; the others miss a few milliseconds of them."""
+        self.signals.unbind(self.signals_address)
+        old = os.umask(0o077)
+        try:
+            # libzmq closes the listener on its I/O thread: the address frees up within
+            # milliseconds, not at once.
+            for _ in range(200):
+                try:
+                    self.signals.bind(self.signals_address)
+                    break
+                except zmq.ZMQError as exc:
+                    if exc.errno != zmq.EADDRINUSE:
+                        raise
+                    time.sleep(0.005)
+            else:
+                log.error("could not rebind %s: signals are down", self.signals_address)
+                return
+        finally:
+            os.umask(old)
+        log.info("signal subscribers dropped to re-check their credentials")
+
+    def admit_other_uids(self, admitted: bool) -> None:
+        """Other uids admitted: their connect(2) must reach ZAP, which is then the gate."""
+        mode = 0o666 if admitted else 0o600
+        for address in (self.address, self.signals_address):
+            if address.startswith("ipc://"):
+                with contextlib.suppress(OSError):
+                    os.chmod(address[len("ipc://") :], mode)
+
+    def close(self) -> None:
+        self.clients.close(0)
+        self.signals.close(0)

@@ -1,0 +1,112 @@
+"""What an operation sees: the router's units, joined once by the loop, and the shapes an
+operation answers in. Nothing here touches a socket.
+
+An operation returns its result (answered at once), `DEFERRED` (the answer comes when
+the writers have answered: a publish, whose copies it queued with the writer jobs), or
+a `WriterWork` (one operation for several writers; the loop sends it and answers when
+all of them have).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from broker.control import ControlPlane
+from broker.rejections import RejectionLog
+from broker.reliability import Reliability
+from broker.router.consumers import Consumers, Session
+from broker.router.delivery import Ledger
+from broker.router.directory import Directory
+from broker.router.indexes import Indexes
+from broker.router.jobs import Pending, WriterJobs
+from broker.router.replies import Replies
+from broker.router.settings import Settings
+from broker.router.signal_out import SignalOutbox
+from sdk.errors import NotAuthorized, SenderNotAllowed
+from sdk.paths import Home
+from sdk.subjects import validate
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+DEFERRED = object()  # the reply is sent later, when the writers have answered
+
+
+@dataclass(frozen=True)
+class WriterWork:
+    """One operation (``name``) for the writers of some shards, with its arguments per
+    shard; ``on_done`` builds the reply from their answers (``job.results``)."""
+
+    name: str
+    args_by_shard: dict[int, dict[str, Any]]
+    on_done: Callable[[Pending], Any]
+
+
+class WriterStates(Protocol):
+    """Which writers are up (broker/router/writer_links.py), as operations may ask."""
+
+    def is_up(self, shard: int) -> bool: ...
+
+    def state(self, shard: int) -> str: ...
+
+    def status(self) -> list[dict[str, Any]]: ...
+
+
+@dataclass
+class Context:
+    home: Home
+    shards: int
+    control: ControlPlane
+    settings: Settings
+    directory: Directory
+    consumers: Consumers
+    ledger: Ledger
+    reliability: Reliability
+    jobs: WriterJobs
+    replies: Replies
+    signals: SignalOutbox
+    rejections: RejectionLog
+    writers: WriterStates
+    indexes: Indexes
+    about: dict[str, Any] = field(default_factory=dict)  # the router: pid, addresses, start
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.settings.config
+
+
+# ---------------------------------------------------------------------- rights
+
+
+def checked_sender(session: Session, sender: str) -> str:
+    """``from`` checked against the connection's credentials (auth.json)."""
+    validate(sender)
+    who = session.who
+    if who is None or not who.may_send_as(sender):
+        allowed = ", ".join(who.senders) if who else "nothing"
+        name = who.name if who else session.user
+        raise SenderNotAllowed(f"{name} may not send as {sender}; it may use {allowed}")
+    return sender
+
+
+def may_receive(session: Session, pattern: str, *, operator_too: bool = True) -> bool:
+    """Whether this connection may receive the messages of the endpoints ``pattern``
+    can match (auth.json ``consumes``); operators may read (not subscribe to) all."""
+    who = session.who
+    return who is not None and ((operator_too and who.admin) or who.may_consume(pattern))
+
+
+def check_receives(session: Session, pattern: str, *, operator_too: bool = True) -> None:
+    if may_receive(session, pattern, operator_too=operator_too):
+        return
+    who = session.who
+    allowed = ", ".join(who.receives) if who is not None else ""
+    raise NotAuthorized(
+        f"{who.name if who else session.user!r} may not receive messages of {pattern!r};"
+        f" it may receive {allowed or 'nothing'} (auth.json 'consumes')"
+    )

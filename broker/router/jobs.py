@@ -1,0 +1,165 @@
+"""Work the router gave the writers and waits on: client requests answered only when
+every writer involved has answered (or the deadline passed), and the copies and
+operations not sent yet. Pure: the loop sends, this unit says what.
+
+A publish is a job with one copy per target endpoint; an operation (ack, purge,
+rebuild, ...) is a job with one part per shard. A job's token travels with its work
+and comes back with each answer. Jobs are kept in insertion order, which is deadline
+order (every job gets the same deadline), so the sweep stops at the first job not due.
+
+Work for a shard whose writer is expected but not up (starting, restarting) is *parked*:
+sent at its hello, or never, when its request was answered meanwhile (a publish answered
+``unavailable`` must not be stored after all).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.publish import Copy
+from sdk import wire
+from sdk.errors import LimitExceeded, RelayError
+from workers import protocol as proto
+
+WRITER_DEADLINE_MS = 10_000
+MAX_INFLIGHT_PER_CLIENT = 1024  # requests awaiting a writer, per client
+
+# One copy for a writer: what it needs to store and index it, and the file bytes.
+Delivery = tuple[proto.DeliveryHeader, bytes]
+
+
+@dataclass
+class Pending:
+    """A client request waiting for writers: a publish, or an operation on N shards."""
+
+    client: bytes
+    rid: int
+    deadline: int
+    remaining: int
+    on_done: Callable[[Pending], Any]  # builds the reply result (or raises RelayError)
+    results: list[Any] = field(default_factory=list)
+    shards: set[int] = field(default_factory=set)
+    error: RelayError | None = None
+    message_id: str = ""  # a publish's message
+    copies: dict[str, Copy] = field(default_factory=dict)  # a publish's writes, by endpoint
+    # endpoint -> None (durable) or (code, message) when the copy was not stored
+    outcomes: dict[str, tuple[str, str] | None] = field(default_factory=dict)
+
+    @property
+    def is_publish(self) -> bool:
+        return bool(self.copies)
+
+    def awaits(self, endpoint: str) -> bool:
+        """Whether this publish still waits for its copy to ``endpoint``."""
+        return endpoint in self.copies and endpoint not in self.outcomes
+
+
+class WriterJobs:
+    def __init__(self, tokens: Iterator[int] | None = None) -> None:
+        self.pending: dict[int, Pending] = {}
+        self.tokens = tokens or itertools.count(1)
+        self.waiting_per_client: dict[bytes, int] = {}
+        # Copies decided during a pass, per shard, sent at its end in one frame each.
+        self.outgoing: dict[int, list[Delivery]] = {}
+        self.parked_copies: dict[int, list[Delivery]] = {}
+        self.parked_ops: dict[int, list[tuple[int, list[bytes]]]] = {}
+
+    # ----------------------------------------------------------------- jobs
+
+    def open(
+        self, client: bytes, rid: int, parts: int, on_done: Callable[[Pending], Any], now: int
+    ) -> tuple[int, Pending]:
+        """A new job of ``parts`` answers, registered under a fresh token."""
+        waiting = self.waiting_per_client.get(client, 0)
+        if waiting >= MAX_INFLIGHT_PER_CLIENT:
+            raise LimitExceeded(
+                f"{waiting} requests of this connection are already waiting on "
+                f"writers; the limit is {MAX_INFLIGHT_PER_CLIENT}"
+            )
+        job = Pending(client, rid, now + WRITER_DEADLINE_MS, parts, on_done)
+        token = next(self.tokens)
+        self.pending[token] = job
+        self.waiting_per_client[client] = waiting + 1
+        return token, job
+
+    def forget(self, token: int) -> Pending | None:
+        job = self.pending.pop(token, None)
+        if job is not None:
+            left = self.waiting_per_client.get(job.client, 1) - 1
+            if left > 0:
+                self.waiting_per_client[job.client] = left
+            else:
+                self.waiting_per_client.pop(job.client, None)
+        return job
+
+    def answered(self, token: int, job: Pending) -> tuple[bytes, bytes] | None:
+        """One more answer for ``job``; (client, reply body) once it has them all."""
+        job.remaining -= 1
+        if job.remaining > 0:
+            return None
+        return job.client, self.finish(token, job)
+
+    def finish(self, token: int, job: Pending) -> bytes:
+        """The job's reply body, the job forgotten."""
+        self.forget(token)
+        try:
+            if job.error is not None:
+                raise job.error
+            return wire.ok_body(job.rid, job.on_done(job))
+        except RelayError as exc:
+            return wire.error_body(job.rid, exc)
+
+    def due(self, now: int) -> Iterator[tuple[int, Pending]]:
+        """The jobs whose deadline passed, oldest first (they stay registered)."""
+        for token, job in list(self.pending.items()):
+            if job.deadline > now:
+                return
+            yield token, job
+
+    def on_shard(self, shard: int) -> list[tuple[int, Pending]]:
+        return [(t, job) for t, job in self.pending.items() if shard in job.shards]
+
+    # ----------------------------------------------------------------- work not sent yet
+
+    def queue_copy(self, shard: int, header: proto.DeliveryHeader, data: bytes) -> None:
+        self.outgoing.setdefault(shard, []).append((header, data))
+
+    def take_outgoing(self) -> dict[int, list[Delivery]]:
+        outgoing, self.outgoing = self.outgoing, {}
+        return outgoing
+
+    def park_copies(self, shard: int, items: list[Delivery]) -> list[tuple[str, str]]:
+        """Keep copies for the shard's hello. One meant to be stored claimed goes to new/
+        instead, so its consumer's credit comes back now, not after the writer's start:
+        returns those (id, endpoint) for the ledger."""
+        parked, unclaimed = self.parked_copies.setdefault(shard, []), []
+        for header, data in items:
+            if header.target == proto.TARGET_CUR:
+                unclaimed.append((header.id, header.endpoint))
+                header = header._replace(target=proto.TARGET_NEW)
+            parked.append((header, data))
+        return unclaimed
+
+    def park_op(self, shard: int, token: int, frames: list[bytes]) -> None:
+        self.parked_ops.setdefault(shard, []).append((token, frames))
+
+    def unpark(self, shard: int) -> tuple[list[list[bytes]], list[Delivery]]:
+        """What was kept for a shard whose writer came: its operations, then its copies,
+        both only where their request still waits."""
+        ops = [f for t, f in self.parked_ops.pop(shard, []) if t in self.pending]
+        copies = [(h, d) for h, d in self.parked_copies.pop(shard, []) if self.awaited(h)]
+        return ops, copies
+
+    def drop_parked_of_finished(self) -> None:
+        for shard, items in self.parked_copies.items():
+            self.parked_copies[shard] = [(h, d) for h, d in items if self.awaited(h)]
+        for shard, ops in self.parked_ops.items():
+            self.parked_ops[shard] = [(t, f) for t, f in ops if t in self.pending]
+
+    def awaited(self, header: proto.DeliveryHeader) -> bool:
+        """Whether a copy's publish still waits for it."""
+        job = self.pending.get(header.token)
+        return job is not None and job.awaits(header.endpoint)

@@ -1,0 +1,430 @@
+"""The router's loop: its sockets, its poll, and nothing else that decides.
+
+Sockets (docs/architecture.md has the map): a ROUTER for clients (requests, replies,
+pushed messages), an XPUB for signals, one ROUTER per shard writer
+(broker/router/writer_links.py), one PULL for the writers' results. One thread, one
+poll loop; every wait has a deadline.
+
+Each pass reads what arrived and hands it to the units, which say what to do as data:
+an operation (broker/router/operations.py) answers or queues work for the writers
+(broker/router/jobs.py); a writer's report (broker/router/writer_events.py) answers
+jobs and names messages to push; the delivery ledger (broker/router/delivery.py) names
+claims and put-backs. At the end of the pass the loop sends all of it: claims and
+copies to the writers, replies and pushes to the clients, signals to the subscribers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import resource
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from broker.control import ControlPlane
+from broker.rejections import RejectionLog
+from broker.reliability import Reliability
+from broker.router import dispatch
+from broker.router import writer_events as events
+from broker.router.client_links import ClientLinks
+from broker.router.consumers import SESSION_TIMEOUT_MS, Consumers, Session
+from broker.router.context import DEFERRED, Context, WriterWork, now_ms
+from broker.router.delivery import Claim, Ledger
+from broker.router.directory import Directory
+from broker.router.indexes import Indexes
+from broker.router.jobs import WriterJobs
+from broker.router.ops_admin import add_endpoint
+from broker.router.replies import Replies
+from broker.router.settings import Settings
+from broker.router.signal_out import SignalOutbox
+from broker.router.writer_links import WriterLinks
+from broker.watch import AUTH_FILE, CONFIG_FILE, RULES_FILE, FileWatch
+from broker.zap import ZapHandler
+from sdk import wire
+from sdk.errors import Unavailable
+from sdk.paths import Home
+from workers import protocol as proto
+from workers.maildir import Mailbox
+from workers.process import run_until_stopped
+
+log = logging.getLogger("relay.router")
+
+POLL_MS = 250
+
+
+class Router:
+    def __init__(
+        self,
+        home: Home,
+        shards: int,
+        *,
+        address: str | None = None,
+        signals_address: str | None = None,
+        ctx: zmq.Context | None = None,
+    ):
+        if shards < 1:
+            raise ValueError("shards must be >= 1")
+        self.home = home.create()
+        self.shards = shards
+        self.address = address or home.router_address
+        self.signals_address = signals_address or home.signals_address
+        self.zmq = ctx or zmq.Context.instance()
+        self.stopping = False
+        self._ready = False  # every writer has said hello once
+        self._bound: list[str] = []
+
+        control = ControlPlane(home.control_db, home.mailboxes)
+        settings = Settings(self.home.root, control, self.home.owner_uid)
+        consumers = Consumers()
+        jobs = WriterJobs()
+        ledger = Ledger(consumers, shards, self._waiting_in, jobs.tokens)
+        self.links = WriterLinks(self.zmq, shards)
+        self.ctx = Context(
+            home=self.home,
+            shards=shards,
+            control=control,
+            settings=settings,
+            directory=Directory(),
+            consumers=consumers,
+            ledger=ledger,
+            reliability=Reliability(settings.config),
+            jobs=jobs,
+            replies=Replies(),
+            signals=SignalOutbox(),
+            rejections=RejectionLog(self.home.root / "rejections.db"),  # for ops metrics
+            writers=self.links,
+            indexes=Indexes(self.home, shards),
+            about={
+                "startedAt": now_ms(),
+                "address": self.address,
+                "signals": self.signals_address,
+            },
+        )
+        self.watch = FileWatch(self.home.root)
+
+        # Before any client socket binds: libzmq asks it about every handshake.
+        self.zap = ZapHandler(self.zmq, lambda: self.ctx.settings.auth)
+        self.public = ClientLinks(self.zmq, self.home, self.address, self.signals_address)
+        self.from_writers = self.zmq.socket(zmq.PULL)
+        self.from_writers.setsockopt(zmq.LINGER, 0)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        old = os.umask(0o077)  # ipc socket files: owner only
+        try:
+            self._bound += self.public.bind()
+            self.from_writers.bind(self.home.results_address)
+            self._bound.append(self.home.results_address)
+            self._bound += self.links.bind(self.home.shard_address)
+        finally:
+            os.umask(old)
+        for info in self.ctx.control.list_endpoints():
+            add_endpoint(self.ctx, info)
+        self._load_files({CONFIG_FILE, RULES_FILE}, only_if_changed=True)
+        self._load_auth_file()
+        self._seed_rate_limiter()
+        log.info(
+            "router on %s, %d shards, %d endpoints",
+            self.address,
+            self.shards,
+            len(self.ctx.directory),
+        )
+
+    def serve(self) -> None:
+        poller = zmq.Poller()
+        clients, signals = self.public.clients, self.public.signals
+        for waitable in (
+            clients,
+            signals,
+            self.from_writers,
+            *self.links.monitors,  # a writer that goes away is down at once
+            *self.links.sockets,
+            self.zap.socket,
+            self.watch.fileno(),
+        ):
+            poller.register(waitable, zmq.POLLIN)
+        next_sweep = 0
+        while not self.stopping:
+            events_ = dict(poller.poll(POLL_MS))
+            if self.watch.fileno() in events_:
+                self._files_changed(self.watch.changed())
+            if self.zap.socket in events_:
+                self.zap.handle()
+            if signals in events_:
+                self._drain(signals, lambda f: self.ctx.signals.subscription(f[0]))
+            self._writer_links(events_)
+            if self.from_writers in events_:
+                self._drain(self.from_writers, self._on_writer)
+            if clients in events_:
+                self._drain_clients()
+            self._end_of_pass()
+            now = now_ms()
+            if now >= next_sweep:
+                self._sweep(now)
+                next_sweep = now + POLL_MS
+
+    def _end_of_pass(self) -> None:
+        """Send what the pass decided, claims and put-backs before the copies (a
+        put-back after a claim of the same message would take it back), replies before
+        pushes to the same client."""
+        self.ctx.ledger.feed_refilled()
+        self._send_ledger_outbox()
+        self._send_copies()
+        self._send_replies()
+        self.ctx.signals.flush(self.public.signals)
+
+    def _sweep(self, now: int) -> None:
+        events.sweep(self.ctx, now)
+        self.ctx.rejections.flush_due(now)
+        for identity in self.ctx.consumers.expired(now):
+            log.info(
+                "client %s silent for %d ms: session ended", identity.hex(), SESSION_TIMEOUT_MS
+            )
+            self.ctx.consumers.end_session(identity)
+        self._send_replies()
+
+    @staticmethod
+    def _drain(sock: zmq.Socket, handle: Callable[[list[bytes]], None], limit: int = 1000) -> None:
+        for _ in range(limit):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            handle(frames)
+
+    def close(self) -> None:
+        self.ctx.rejections.close()
+        self.ctx.control.close()
+        self.watch.close()
+        self.links.close()
+        self.public.close()
+        self.from_writers.close(0)
+        self.zap.close()
+        self.zmq.term()
+        for address in self._bound:  # libzmq leaves ipc socket files behind
+            if address.startswith("ipc://"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(address[len("ipc://") :])
+
+    # ------------------------------------------------------------------ clients
+
+    def _drain_clients(self, limit: int = 2000) -> None:
+        """At most about ``limit`` requests per pass (a batch counts as many), so the
+        writers' results and the sweep get their turn."""
+        handled = 0
+        for frames, user in self.public.requests(limit):
+            handled += dispatch.client_frame(self.ctx, frames, user, self._send_work)
+            if handled >= limit:
+                return
+
+    def _send_work(self, session: Session, rid: int, work: WriterWork) -> Any:
+        """Send one operation to several writers (or keep it for those not up yet);
+        the reply goes when all have answered."""
+        jobs = self.ctx.jobs
+        token, job = jobs.open(
+            session.identity, rid, len(work.args_by_shard), work.on_done, now_ms()
+        )
+        for shard, args in work.args_by_shard.items():
+            job.shards.add(shard)
+            frames = proto.op(token, work.name, **args)
+            if self.links.send(shard, frames):
+                continue
+            if self.links.is_up(shard):  # up, and not taking work: its queue is full
+                jobs.forget(token)
+                raise Unavailable(f"writer for shard {shard} is not taking work")
+            jobs.park_op(shard, token, frames)
+        return DEFERRED
+
+    # ------------------------------------------------------------------ sending
+
+    def _send_replies(self) -> None:
+        sessions = self.ctx.consumers.sessions
+        for identity in self.ctx.replies.clients():
+            self._send_replies_to(identity, sessions.get(identity))
+
+    def _send_replies_to(self, identity: bytes, session: Session | None) -> bool:
+        batches = session is not None and session.batches
+        for frame in self.ctx.replies.take(identity, batches=batches):
+            if not self._send(identity, [wire.MAGIC, frame]):
+                return False
+        return True
+
+    def _push(self, identity: bytes, frames: list[bytes]) -> bool:
+        """A message for a subscription: after the replies queued before it (a subscribe
+        reply must reach the client before the backlog it announces)."""
+        session = self.ctx.consumers.sessions.get(identity)
+        return self._send_replies_to(identity, session) and self._send(identity, frames, copy=False)
+
+    def _send(self, identity: bytes, frames: list[bytes], *, copy: bool = True) -> bool:
+        if self.public.send(identity, frames, copy=copy):
+            return True
+        self.ctx.consumers.end_session(identity)  # gone, or not reading
+        return False
+
+    def _send_pushes(self, pushes: list[events.Push]) -> None:
+        for push in pushes:
+            if isinstance(push, events.HandOut):
+                self._hand_out(push)
+            else:
+                self._show(push)
+
+    def _show(self, show: events.Show) -> None:
+        subject = self.ctx.directory.subject_of(show.endpoint)
+        if subject is not None:
+            for sub in self.ctx.consumers.observers(subject):
+                self._push(sub.client, wire.encode_push(sub.id, show.id, show.endpoint, show.data))
+
+    def _hand_out(self, hand_out: events.HandOut) -> None:
+        """Push a message claimed for a subscription to its client."""
+        sub_id, message_id, endpoint, data = hand_out
+        sub = self.ctx.consumers.subs.get(sub_id) if sub_id is not None else None
+        # No subscriber (it left while the claim was in flight), or its client is gone
+        # (the push found no peer): never handed out, so back to new/ rather than stay
+        # claimed by nobody.
+        if sub is None or not self._push(
+            sub.client, wire.encode_push(sub.id, message_id, endpoint, data)
+        ):
+            self.ctx.ledger.put_back(message_id, endpoint)
+            return
+        self.ctx.consumers.handed_out(sub, message_id, endpoint, _sender_of(data))
+
+    def _send_ledger_outbox(self) -> None:
+        """Send the ledger's claims and put-backs, in their order; what a writer does not
+        take goes back to the ledger."""
+        unsent = []
+        for command in self.ctx.ledger.take_outbox():
+            if isinstance(command, Claim):
+                frames = proto.claim(command.sub, command.id, command.endpoint)
+            else:
+                frames = proto.requeue(command.token, command.id, command.endpoint)
+            if not self.links.send(command.shard, frames):
+                unsent.append(command)
+        if unsent:
+            self.ctx.ledger.unsent(unsent)
+
+    def _send_copies(self) -> None:
+        """The copies decided in this pass: one message per shard (protocol.deliver).
+
+        A shard whose writer is not up (starting, restarting) keeps its copies until the
+        writer's hello; one that is up and does not take them (its queue is full) fails
+        them now."""
+        jobs = self.ctx.jobs
+        for shard, items in jobs.take_outgoing().items():
+            if self.links.send(shard, proto.deliver(items)):
+                continue
+            if self.links.is_up(shard):
+                events.copies_not_taken(self.ctx, shard, [header for header, _ in items])
+                continue
+            for message_id, endpoint in jobs.park_copies(shard, items):
+                self.ctx.ledger.storing(message_id, endpoint)
+
+    # ------------------------------------------------------------------ writers
+
+    def _writer_links(self, ready: dict[Any, int]) -> None:
+        # Disconnects before hellos: a descriptor's close is reported before a new
+        # connection can reuse it (broker/router/writer_links.py).
+        for monitor in self.links.monitors:
+            if monitor in ready and (shard := self.links.gone(monitor)) is not None:
+                events.writer_gone(self.ctx, shard)
+        for shard in self.links.take_lost():
+            events.writer_gone(self.ctx, shard)
+        for shard, sock in enumerate(self.links.sockets):
+            if sock not in ready:
+                continue
+            was_up = self.links.is_up(shard)
+            if self.links.on_hello(shard, now_ms()) is None:
+                continue
+            if was_up:  # a writer that replaces one not seen going: it went
+                events.writer_gone(self.ctx, shard)
+            self._writer_up(shard)
+
+    def _writer_up(self, shard: int) -> None:
+        log.info(
+            "writer for shard %d/%d is up (pid %d)", shard, self.shards, self.links.up[shard].pid
+        )
+        for frames in events.writer_up(self.ctx, shard):
+            if not self.links.send(shard, frames):
+                log.error("shard %d: work kept for its writer could not be sent", shard)
+        if not self._ready and all(self.links.is_up(s) for s in range(self.shards)):
+            self._ready = True
+            log.info("ready: %d writers up", self.shards)
+
+    def _on_writer(self, frames: list[bytes]) -> None:
+        try:
+            kind, header, data = proto.decode(frames)
+        except Exception:
+            log.exception("undecodable frames from a writer dropped")
+            return
+        if kind == proto.STORED:
+            self._send_pushes(events.stored(self.ctx, header, now_ms()))
+        elif kind == proto.CLAIMED:
+            self._send_pushes(events.claimed(self.ctx, header, data))
+        elif kind == proto.INGESTED:
+            self._send_pushes(events.ingested(self.ctx, header, data))
+        elif kind == proto.REPLY:
+            events.replied(self.ctx, header)
+
+    def _waiting_in(self, endpoint: str) -> list[str]:
+        try:
+            return Mailbox(self.home.mailbox(endpoint), endpoint).list_new()
+        except OSError:
+            return []
+
+    # ------------------------------------------------------------------ files
+
+    def _files_changed(self, changed: set[str]) -> None:
+        self._load_files(changed)
+        if AUTH_FILE in changed:
+            self._load_auth_file()
+
+    def _load_files(self, names: set[str], *, only_if_changed: bool = False) -> None:
+        if self.ctx.settings.load(names, only_if_changed=only_if_changed):
+            self.ctx.reliability.configure(self.ctx.config)
+
+    def _load_auth_file(self) -> None:
+        """auth.json applied: rights narrowed take effect at once, on every socket."""
+        before = self.ctx.settings.auth.users
+        policy = self.ctx.settings.load_auth()
+        if policy is None:
+            return
+        if before - policy.users:
+            self.public.rebind_signals()
+        for sub, name in self.ctx.consumers.end_beyond_rights(policy):
+            log.warning(
+                "subscription %d to %r ended: %s may no longer receive it (%s)",
+                sub.id,
+                sub.pattern,
+                name,
+                AUTH_FILE,
+            )
+        self.public.admit_other_uids(len(policy.uids) > 1)
+
+    def _seed_rate_limiter(self) -> None:
+        """The rate-limit window survives a restart: refill it from the indexes."""
+        since = now_ms() - self.ctx.reliability.limiter.window_secs * 1000
+        self.ctx.reliability.seed(self.ctx.indexes.recent_publishes(since))
+
+
+def _sender_of(data: bytes) -> str:
+    try:
+        sender = json.loads(data).get("from")
+    except (ValueError, AttributeError):
+        return ""
+    return sender if isinstance(sender, str) else ""
+
+
+def main(
+    home: Home, shards: int, *, address: str | None = None, signals_address: str | None = None
+) -> int:
+    # Each client connection is a file descriptor: allow as many as the system lets us.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    router = Router(home, shards, address=address, signals_address=signals_address)
+    return run_until_stopped(router, home.pid_file("router"))

@@ -1,0 +1,155 @@
+"""Operations of a consuming client: its session (hello, ping, bye), its subscriptions,
+and finishing what it was handed (ack, nack), plus the operator's finishing of a
+pending message (complete, fail, requeue).
+
+Finishing a message is a writer's job (the rename out of cur/); the credit it gives back
+takes the next message at the end of the pass (broker/router/delivery.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.router import consumers as cons
+from broker.router.consumers import Session
+from broker.router.context import (
+    DEFERRED,
+    Context,
+    WriterWork,
+    check_receives,
+    now_ms,
+)
+from broker.router.jobs import Pending
+from broker.router.requests import Empty, Finish, Hello, Subscribe, Unsubscribe
+from sdk import wire
+from sdk.errors import InvalidState, LimitExceeded
+from sdk.paths import shard_of
+from sdk.types import Signal, SignalType
+
+SERVER_NAME = "relay"
+
+
+def hello(ctx: Context, session: Session, req: Hello, rid: int) -> Any:
+    session.batches = req.batch
+    return {
+        "server": SERVER_NAME,
+        "version": wire.PROTOCOL_VERSION,
+        "signals": ctx.about["signals"],
+        "shards": ctx.shards,
+        "limits": dict(ctx.config["limits"]),
+        "batch": wire.MAX_BATCH,  # requests per frame this broker accepts
+        "signalRuns": True,  # subscribe to "+" topics for runs of signals
+    }
+
+
+def ping(ctx: Context, session: Session, req: Hello, rid: int) -> Any:
+    # A router that restarted knows the client only from its next request: pings
+    # carry the batch choice too.
+    session.batches = session.batches or req.batch
+    # The subscriptions this connection holds: a client that finds one of its own
+    # missing (router restart, session timeout) knows to subscribe again.
+    return {"now": now_ms(), "subs": sorted(session.subs)}
+
+
+def bye(ctx: Context, session: Session, req: Empty, rid: int) -> Any:
+    ctx.consumers.end_session(session.identity)
+    return {}
+
+
+def subscribe(ctx: Context, session: Session, req: Subscribe, rid: int) -> Any:
+    limits = ctx.config["limits"]
+    check_receives(session, req.pattern, operator_too=False)
+    credit = limits["defaultCredit"] if req.credit is None else req.credit
+    if credit > limits["maxCredit"]:
+        raise LimitExceeded(f"credit {credit} exceeds the maximum of {limits['maxCredit']}")
+    if len(session.subs) >= limits["maxSubscriptionsPerClient"]:
+        raise LimitExceeded(
+            f"this client already has {len(session.subs)} subscriptions; "
+            f"the limit is {limits['maxSubscriptionsPerClient']}"
+        )
+    sub = ctx.consumers.subscribe(session.identity, req.pattern, req.mode, credit, now_ms())
+    if req.mode != cons.CONSUME:
+        return {"sub": sub.id}
+    # The reply goes out first, then the backlog (pushes follow in order).
+    ctx.replies.add(session.identity, wire.ok_body(rid, {"sub": sub.id, "credit": credit}))
+    ctx.ledger.subscribed(sub, sorted(ctx.directory.matching(req.pattern)))
+    return DEFERRED
+
+
+def unsubscribe(ctx: Context, session: Session, req: Unsubscribe, rid: int) -> Any:
+    sub = ctx.consumers.subs.get(req.sub)
+    if sub is None or sub.client != session.identity:
+        raise InvalidState(f"no subscription {req.sub!r:.20} on this connection")
+    ctx.consumers.unsubscribe(req.sub)
+    return {}
+
+
+def ack(ctx: Context, session: Session, req: Finish, rid: int) -> Any:
+    return _finish(ctx, session, req, "done", operator=False)
+
+
+def nack(ctx: Context, session: Session, req: Finish, rid: int) -> Any:
+    reason = req.reason or "rejected by consumer"
+    return _finish(ctx, session, req, "fail", operator=False, reason=reason, code="nack")
+
+
+def complete(ctx: Context, session: Session, req: Finish, rid: int) -> Any:
+    return _finish(ctx, session, req, "done", operator=True)
+
+
+def fail(ctx: Context, session: Session, req: Finish, rid: int) -> Any:
+    reason = req.reason or "failed by operator"
+    return _finish(ctx, session, req, "fail", operator=True, reason=reason, code="operator")
+
+
+def requeue(ctx: Context, session: Session, req: Finish, rid: int) -> Any:
+    """Return a pending message to new/, to be handed out again (never automatic)."""
+    return _finish(ctx, session, req, "requeue", operator=True)
+
+
+def _finish(
+    ctx: Context, session: Session, req: Finish, name: str, *, operator: bool, **args: Any
+) -> WriterWork:
+    """Mark a claimed message done or failed: a consumer's ack/nack, or an operator's
+    complete/fail/requeue of a pending one. Either way the holder's credit comes back."""
+    message_id, endpoint = req.id, req.endpoint
+    if operator:
+        holder = ctx.consumers.holder_of(message_id, endpoint)
+        sender = ctx.consumers.settled(holder, message_id, endpoint) if holder else None
+        args["claimedOnly"] = True  # an operator finishes pending messages only
+    else:
+        sender = ctx.consumers.settled(session.identity, message_id, endpoint)
+        if sender is None:
+            raise InvalidState(
+                f"message {message_id} of endpoint {endpoint} is not held by "
+                "this connection (already acknowledged, never delivered, or held by a "
+                "session that ended after 5 s of silence)"
+            )
+
+    def finished(job: Pending) -> Any:
+        if not operator:  # an ack or a nack teaches the endpoint's breaker
+            ctx.reliability.consumer_outcome(endpoint, success=name == "done", now=now_ms())
+        if name == "done" and sender:
+            _delivery_receipt(ctx, message_id, endpoint, sender)
+        if name == "requeue":
+            ctx.ledger.requeued(message_id, endpoint)
+        # The credit given back takes the next message at the end of this pass.
+        return job.results[0]
+
+    shard = shard_of(endpoint, ctx.shards)
+    return WriterWork(name, {shard: {"id": message_id, "endpoint": endpoint, **args}}, finished)
+
+
+def _delivery_receipt(ctx: Context, message_id: str, endpoint: str, sender: str) -> None:
+    """Tell the publisher, on its own subject, that a consumer finished its message."""
+    subject = ctx.directory.subject_of(endpoint)
+    if subject is None or not sender:
+        return
+    receipt = Signal(
+        SignalType.DELIVERY_RECEIPT,
+        "done",
+        subject,
+        now_ms(),
+        {"messageId": message_id, "endpoint": endpoint},
+    )
+    ctx.signals.add(sender, receipt.to_wire())

@@ -1,0 +1,176 @@
+"""Operations that send: publish (durable, answered once every copy is stored) and
+signal (ephemeral, out at the end of the pass).
+
+A publish is planned by the pure `plan_publish` (broker/publish.py) from the endpoints
+its subject reaches, the access rules, and a gate per target (backpressure, then the
+circuit breaker, broker/reliability.py). Its copies are queued with the writer jobs;
+the loop sends them at the end of the pass, and the answer goes out when the writers
+have reported each copy durable or failed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from broker.budget import clamp
+from broker.publish import PublishPlan, PublishRequest, Refusal, encode_payload, plan_publish
+from broker.rejections import RATE_LIMITED
+from broker.router.consumers import Session
+from broker.router.context import DEFERRED, Context, checked_sender, now_ms
+from broker.router.requests import Publish, SendSignal
+from sdk.errors import AccessDenied, NotAuthorized, RelayError, SenderNotAllowed
+from sdk.ids import new_id
+from sdk.paths import UNROUTABLE, shard_of
+from sdk.types import Budget, EndpointInfo, SignalType, default_budget
+from workers import protocol as proto
+from workers.maildir import Mailbox
+
+# Signals the router itself emits: a client forging them would mislead every watcher.
+ROUTER_SIGNALS = frozenset({SignalType.DELIVERY_RECEIPT, SignalType.BACKPRESSURE})
+
+
+def publish(ctx: Context, session: Session, req: Publish, rid: int) -> Any:
+    now = now_ms()
+    sender = checked_sender(session, req.sender)
+    # Replies go out under the consumer's name: only to where we may send.
+    reply_to = None if req.reply_to is None else checked_sender(session, req.reply_to)
+    payload_json = encode_payload(req.payload, ctx.config["limits"]["maxPayloadBytes"])
+    budget = _budget(ctx, req, sender, now)
+    message_id = new_id(now)
+    verdict = ctx.reliability.rate(sender, now)
+    if verdict is not None:  # before fan-out; nothing is written
+        ctx.rejections.record(now, RATE_LIMITED, "*", sender)
+        return {
+            "messageId": message_id,
+            "deliveredTo": 0,
+            "rejected": [["*", "rate_limited"]],
+            "mailboxPressure": {},
+            "details": {"*": verdict.reason},
+        }
+    request = PublishRequest(message_id, req.subject, sender, reply_to, budget, now, payload_json)
+
+    def gate(target: EndpointInfo) -> tuple[Refusal | None, bool]:
+        return _gate(ctx, target, sender, now)
+
+    plan = plan_publish(
+        request, ctx.directory.targets(req.subject), ctx.settings.rules, payload_json, now, gate
+    )
+    if plan.stores_something:
+        ctx.reliability.count(sender, now)
+    if not plan.writes:
+        return publish_result(ctx, message_id, plan, {})
+    token, job = ctx.jobs.open(
+        session.identity,
+        rid,
+        len(plan.writes),
+        lambda job: publish_result(ctx, message_id, plan, job.outcomes),
+        now,
+    )
+    job.message_id = message_id
+    for copy in plan.writes:
+        shard = shard_of(copy.endpoint, ctx.shards)
+        dead = copy.dead
+        if dead is not None:
+            target = proto.TARGET_FAILED
+        elif ctx.ledger.store_target(message_id, copy.endpoint) is not None:
+            # A consumer with credit waits and nothing older is in the way: stored
+            # straight into cur/, claimed for it.
+            target = proto.TARGET_CUR
+        else:
+            target = proto.TARGET_NEW
+        header = proto.DeliveryHeader(
+            token,
+            message_id,
+            copy.endpoint,
+            copy.subject,
+            sender,
+            now,
+            target=target,
+            reason=dead.reason if dead else None,
+            code=dead.code if dead else None,
+            failed_at=dead.failed_at if dead else None,
+        )
+        job.copies[copy.endpoint] = copy
+        job.shards.add(shard)
+        ctx.jobs.queue_copy(shard, header, copy.data)
+    return DEFERRED
+
+
+def _budget(ctx: Context, req: Publish, sender: str, now: int) -> Budget:
+    """The budget a publish travels with. Budgets never grow: a reply naming its
+    parent (``parentId``) sent by the endpoint the parent was delivered to carries
+    the parent's stored budget, whatever the client sent; any other client budget is
+    clamped to the configured maxima; none at all gets the defaults."""
+    if req.parent_id is not None:
+        inherited = _stored_budget(ctx, req.parent_id, sender)
+        if inherited is not None:
+            return inherited
+    if req.budget is None:
+        return default_budget(now)
+    return clamp(Budget.from_wire(req.budget), now, ctx.config["budget"])
+
+
+def _stored_budget(ctx: Context, message_id: str, endpoint_subject: str) -> Budget | None:
+    info = ctx.directory.by_subject.get(endpoint_subject)
+    if info is None:
+        return None
+    try:
+        _, data = Mailbox(ctx.home.mailbox(info.hash), info.hash).read(message_id)
+        return Budget.from_wire(json.loads(data)["budget"])
+    except (RelayError, OSError, ValueError, KeyError, TypeError):
+        return None  # moved meanwhile, compacted, or not a Relay envelope
+
+
+def _gate(ctx: Context, target: EndpointInfo, sender: str, now: int) -> tuple[Refusal | None, bool]:
+    """Backpressure, then the circuit breaker, for one target of a publish."""
+    depth = ctx.ledger.depth(target.hash)
+    refusal, probe, signals = ctx.reliability.gate(target.hash, target.subject, sender, depth, now)
+    for subject, signal_ in signals:
+        ctx.signals.add(subject, signal_.to_wire())
+    if refusal is not None:
+        ctx.rejections.record(now, refusal.reason, target.hash, sender)
+    return refusal, probe
+
+
+def publish_result(
+    ctx: Context,
+    message_id: str,
+    plan: PublishPlan,
+    outcomes: dict[str, tuple[str, str] | None],
+) -> dict[str, Any]:
+    delivered, rejected, details = 0, [], {}
+    for copy in plan.copies:
+        rejection = copy.rejection
+        failure = outcomes.get(copy.endpoint)
+        if rejection is None and failure is not None:
+            rejection = (copy.endpoint, *failure)
+        if rejection is None:
+            delivered += 1
+        else:
+            rejected.append([rejection[0], rejection[1]])
+            details[rejection[0]] = rejection[2]
+    touched = [c.endpoint for c in plan.copies if c.endpoint != UNROUTABLE]
+    return {
+        "messageId": message_id,
+        "deliveredTo": delivered,
+        "rejected": rejected,
+        "mailboxPressure": {
+            e: ctx.reliability.pressure_of(ctx.ledger.depth(e)).ratio for e in touched
+        },
+        "details": details,
+    }
+
+
+def signal(ctx: Context, session: Session, req: SendSignal, rid: int) -> Any:
+    who = session.who
+    if req.sender is None and not (who and who.unrestricted):
+        raise SenderNotAllowed("a signal from a restricted identity must name its 'from'")
+    if req.signal["type"] in ROUTER_SIGNALS and not (who and who.admin):
+        raise NotAuthorized(f"{req.signal['type']} signals come from the broker only")
+    if req.sender is not None:
+        decision = ctx.settings.rules.decide(checked_sender(session, req.sender), req.subject)
+        if not decision.allowed:
+            raise AccessDenied(f"signals from {req.sender} to {req.subject} are denied by a rule")
+    ctx.signals.add(req.subject, req.signal)
+    return {}

@@ -1,0 +1,199 @@
+"""What the router does when its writers answer, come, go, or do not answer in time.
+
+Each function updates the units (writer jobs, ledger, reliability, replies) and returns
+the messages to push to clients as data (`Show`, `HandOut`); the loop pushes them. A
+publish is answered once each of its copies is durable or failed; a copy whose answer
+never comes (the writer went away, or the deadline passed) is ``unavailable``, never
+"delivered": it may be durable all the same.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+from broker.router.context import Context
+from broker.router.jobs import WRITER_DEADLINE_MS, Pending
+from sdk import wire
+from sdk.errors import Unavailable, from_code
+from sdk.paths import shard_of
+from workers import protocol as proto
+
+log = logging.getLogger("relay.router")
+
+
+class Show(NamedTuple):
+    """A message now durable in new/ or cur/: for the observers of its endpoint."""
+
+    id: str
+    endpoint: str
+    data: bytes
+
+
+class HandOut(NamedTuple):
+    """A message claimed for a subscription (None: for nobody any more): push it."""
+
+    sub: int | None
+    id: str
+    endpoint: str
+    data: bytes
+
+
+Push = Show | HandOut
+
+
+def stored(ctx: Context, rows: list[proto.Stored], now: int) -> list[Push]:
+    pushes: list[Push] = []
+    for row in rows:
+        job = ctx.jobs.pending.get(row.token)
+        copy = job.copies.get(row.endpoint) if job is not None else None
+        # Answered late: the publisher had its answer already (deadline passed, or the
+        # writer's disconnect was seen first), but the copy may be durable all the same.
+        late = copy is None or row.endpoint in job.outcomes
+        if row.stored_at is None:
+            ctx.ledger.store_failed(row.id, row.endpoint)
+        elif late:
+            ctx.ledger.stored_late(row.id, row.endpoint, claimed=row.target == proto.TARGET_CUR)
+        elif row.target == proto.TARGET_CUR:
+            sub_id = ctx.ledger.copy_settled(row.id, row.endpoint)
+            pushes.append(Show(row.id, row.endpoint, copy.data))
+            pushes.append(HandOut(sub_id, row.id, row.endpoint, copy.data))
+        elif copy.dead is None:
+            ctx.ledger.copy_settled(row.id, row.endpoint)
+            pushes.append(Show(row.id, row.endpoint, copy.data))
+            ctx.ledger.stored_new(row.id, row.endpoint)
+        if late:
+            continue
+        ctx.reliability.outcome(copy, success=row.stored_at is not None, now=now)
+        job.outcomes[row.endpoint] = None if row.stored_at is not None else (row.code, row.message)
+        _answered(ctx, row.token, job)
+    return pushes
+
+
+def ingested(ctx: Context, file: proto.Ingested, data: bytes | None) -> list[Push]:
+    """A file another program dropped into new/ (the writer indexed it)."""
+    ctx.ledger.stored_new(file.id, file.endpoint)
+    return [Show(file.id, file.endpoint, data)] if data is not None else []
+
+
+def claimed(ctx: Context, claim: proto.Claimed, data: bytes | None) -> list[Push]:
+    if claim.code is not None and claim.code != "already_claimed":
+        log.warning(
+            "claim of %s/%s failed: %s %s", claim.endpoint, claim.id, claim.code, claim.message
+        )
+    if ctx.ledger.claimed(claim.sub, claim.id, claim.endpoint, ok=claim.code is None):
+        return [HandOut(claim.sub, claim.id, claim.endpoint, data or b"")]
+    return []
+
+
+def replied(ctx: Context, reply: proto.Reply) -> None:
+    put_back = ctx.ledger.put_back_done(reply.token, ok=reply.ok)
+    if put_back is not None:
+        if not reply.ok and reply.result.get("code") != "invalid_state":  # never left new/
+            log.warning("%s/%s not put back: %s", put_back[1], put_back[0], reply.result)
+        return
+    job = ctx.jobs.pending.get(reply.token)
+    if job is None:
+        return
+    if reply.ok:
+        job.results.append(reply.result)
+    else:
+        result = reply.result
+        job.error = from_code(result.get("code", "internal"), result.get("message", ""))
+    _answered(ctx, reply.token, job)
+
+
+def copies_not_taken(ctx: Context, shard: int, items: list[proto.DeliveryHeader]) -> None:
+    """Copies an up writer did not take (its queue is full): failed now. Not a failure
+    of their endpoints (the breakers do not count them)."""
+    reason = f"writer for shard {shard} is not taking work (its queue is full)"
+    for header in items:
+        ctx.ledger.copy_abandoned(header.id, header.endpoint, sent=False)
+        job = ctx.jobs.pending.get(header.token)
+        if job is not None and job.awaits(header.endpoint):
+            ctx.reliability.never_tried(job.copies[header.endpoint])
+            job.outcomes[header.endpoint] = ("unavailable", reason)
+            _answered(ctx, header.token, job)
+
+
+def writer_gone(ctx: Context, shard: int) -> None:
+    """A writer went away: what it had not confirmed will never be confirmed.
+
+    Publishes and operations it held are answered `unavailable` (a copy's outcome is
+    unknown: it may be durable, so never "delivered"). Claims it held may or may not
+    have happened: their credit comes back now, and each message is put back
+    (cur/ -> new/; refused harmlessly if it never left new/) by the next writer,
+    before any claim of its (`writer_up`), so none stays claimed for nobody. The
+    put-backs it held are sent again then too.
+    """
+    log.warning("writer for shard %d disconnected", shard)
+    error = f"writer for shard {shard} stopped before confirming"
+    for token, job in ctx.jobs.on_shard(shard):
+        if not job.is_publish:  # an operation: it fails as a whole
+            ctx.jobs.forget(token)
+            ctx.replies.add(job.client, wire.error_body(job.rid, Unavailable(error)))
+            continue
+        for endpoint, copy in job.copies.items():
+            if job.awaits(endpoint) and shard_of(endpoint, ctx.shards) == shard:
+                job.outcomes[endpoint] = ("unavailable", error)
+                ctx.reliability.never_tried(copy)
+                _answered(ctx, token, job)
+    ctx.ledger.writer_gone(shard)
+
+
+def writer_up(ctx: Context, shard: int) -> list[list[bytes]]:
+    """A writer said hello: what waits in its mailboxes' new/ (the truth) becomes their
+    queues, read before anything is sent to it; then the work kept for it goes out,
+    put-backs before any claim (a put-back after a claim of the same message would take
+    it back from its consumer). Returns the operations to send it now; its copies join
+    this pass's outgoing ones."""
+    ctx.ledger.writer_up(shard)
+    ops, copies = ctx.jobs.unpark(shard)
+    for header, data in copies:
+        ctx.ledger.storing(header.id, header.endpoint)
+        ctx.jobs.queue_copy(shard, header, data)
+    return ops
+
+
+def sweep(ctx: Context, now: int) -> None:
+    """Answer what the writers did not answer in time; end silent sessions."""
+    expired = False
+    for token, job in ctx.jobs.due(now):
+        expired = True
+        ctx.jobs.forget(token)
+        if not job.is_publish:  # an operation fails as a whole
+            error = Unavailable(_timed_out(ctx, job.shards))
+            ctx.replies.add(job.client, wire.error_body(job.rid, error))
+            continue
+        # A publish: the copies stored are delivered, the others unavailable.
+        for endpoint, copy in job.copies.items():
+            if endpoint in job.outcomes:
+                continue
+            shard = shard_of(endpoint, ctx.shards)
+            sent = ctx.writers.is_up(shard)
+            if sent:  # a writer that does not answer: a failure
+                ctx.reliability.outcome(copy, success=False, now=now)
+            else:  # kept for a writer that never came: not its endpoint's fault
+                ctx.reliability.never_tried(copy)
+            job.outcomes[endpoint] = ("unavailable", _timed_out(ctx, {shard}))
+            ctx.ledger.copy_abandoned(job.message_id, endpoint, sent=sent)
+        ctx.replies.add(job.client, ctx.jobs.finish(token, job))
+    if expired:
+        ctx.jobs.drop_parked_of_finished()
+    ctx.reliability.prune(now)
+
+
+def _timed_out(ctx: Context, shards: set[int]) -> str:
+    waited = f"{WRITER_DEADLINE_MS / 1000:g} s"
+    down = sorted(s for s in shards if not ctx.writers.is_up(s))
+    if down:
+        named = ", ".join(f"{s} ({ctx.writers.state(s)})" for s in down)
+        return f"writer for shard {named} did not come up within {waited}; is it running?"
+    named = ", ".join(str(s) for s in sorted(shards)) or "?"
+    return f"writer for shard {named} did not confirm within {waited}"
+
+
+def _answered(ctx: Context, token: int, job: Pending) -> None:
+    reply = ctx.jobs.answered(token, job)
+    if reply is not None:
+        ctx.replies.add(*reply)

@@ -1,0 +1,419 @@
+"""`relay mcp` through the official MCP SDK's own client, over stdio, against a real broker.
+
+Each agent is a `relay mcp --as SUBJECT` process started by `mcp.Client` as an MCP host
+starts it; the broker is `tests.harness.Broker` (router and writers, own data dir).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from edges.mcp_inbox import MAX_HELD
+from edges.mcp_tools import TOOLS
+from sdk.subjects import endpoint_hash
+from sdk.types import Envelope
+from tests.harness import ROOT, Broker, depth, free_port, signals_flowing, wait_for
+
+pytestmark = pytest.mark.integration
+
+A = "relay.agent.proj.alice"
+B = "relay.agent.proj.bob"
+
+
+@contextlib.asynccontextmanager
+async def agent(broker: Broker, sender: str, *extra: str) -> AsyncIterator[Client]:
+    """An MCP session with a `relay mcp --as sender` process on this broker."""
+    args = ["-m", "broker.cli", "--home", str(broker.home.root), "mcp", "--as", sender, *extra]
+    params = StdioServerParameters(
+        command=sys.executable, args=args, cwd=ROOT, env={"RELAY_LOG": "WARNING"}
+    )
+    with (broker.logs / f"mcp-{sender}.log").open("a") as errlog:  # the server's stderr
+        async with Client(stdio_client(params, errlog=errlog), read_timeout_seconds=60) as client:
+            yield client
+
+
+async def call(client: Client, tool: str, **arguments: Any) -> Any:
+    """A tool's JSON result; fails the test on a tool error."""
+    result = await client.call_tool(tool, arguments)
+    text = result.content[0].text
+    assert not result.is_error, text
+    return json.loads(text)
+
+
+async def refusal(client: Client, tool: str, **arguments: Any) -> str:
+    """A tool error's text; fails the test when the call succeeds."""
+    result = await client.call_tool(tool, arguments)
+    assert result.is_error, result.content[0].text
+    return result.content[0].text
+
+
+async def eventually(check: Callable[[], Awaitable[Any]], what: str, timeout: float = 10) -> Any:
+    """Await check() until it returns something truthy; fail after timeout seconds."""
+    with anyio.move_on_after(timeout):
+        while not (value := await check()):
+            await anyio.sleep(0.02)
+        return value
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+async def read_one(client: Client, endpoint: str) -> dict[str, Any]:
+    """The next message relay_inbox returns for endpoint."""
+
+    async def messages() -> list[dict[str, Any]]:
+        return (await call(client, "relay_inbox", endpoint=endpoint))["messages"]
+
+    found = await eventually(messages, f"a message for {endpoint}")
+    assert len(found) == 1, found
+    return found[0]
+
+
+async def into(result: dict[str, Any], pending: Awaitable[Any]) -> None:
+    """Await a tool call (in a task of its own), its JSON result into ``result``."""
+    result.update(await pending)
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    anyio.run(scenario)
+
+
+def test_list_tools_names_each_tool_with_a_description_and_a_schema(broker: Broker) -> None:
+    async def scenario() -> None:
+        async with agent(broker, A) as alice:
+            listed = (await alice.list_tools()).tools
+        assert [t.name for t in listed] == [t.name for t in TOOLS]
+        for tool in listed:
+            assert tool.description and "\n" not in tool.description, tool.name
+            assert tool.input_schema["type"] == "object", tool.name
+        send = next(t for t in listed if t.name == "relay_send")
+        assert send.input_schema["required"] == ["subject", "payload"]
+
+    run(scenario)
+
+
+def test_two_agents_exchange_a_request_and_its_reply(broker: Broker) -> None:
+    """Alice asks with relay_send_and_wait; Bob reads it from his inbox, replies, acks."""
+
+    async def scenario() -> None:
+        async with agent(broker, A) as alice, agent(broker, B) as bob:
+            await call(bob, "relay_register_endpoint", subject=B)
+            answer: dict[str, Any] = {}
+            ask = call(alice, "relay_send_and_wait", subject=B, payload={"content": "2+2?"})
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(into, answer, ask)
+                request = await read_one(bob, B)
+                assert request["payload"] == {"content": "2+2?"}
+                assert request["from"] == A
+                replied = await call(bob, "relay_reply", id=request["id"], payload={"content": "4"})
+                assert replied["deliveredTo"] == 1
+                await call(bob, "relay_ack", endpoint=B, id=request["id"])
+            assert answer["requestId"] == request["id"]
+            assert answer["reply"]["payload"] == {"content": "4"}
+            assert answer["reply"]["from"] == B
+            # The reply carried the request's budget on: one more hop, Bob in its chain.
+            assert answer["reply"]["budget"]["ancestorChain"][:1] == [B]
+
+            async def acked() -> bool:
+                copies = (await call(alice, "relay_trace", id=request["id"]))["copies"]
+                return [c["state"] for c in copies] == ["done"]
+
+            await eventually(acked, "Bob's ack to mark the request done")
+
+    run(scenario)
+
+
+def test_a_reply_loop_between_two_agents_is_stopped_by_the_budget(broker: Broker) -> None:
+    """Alice → Bob, Bob replies → Alice, Alice replies → Bob: Bob is in the chain
+    already, so the third leg is refused as a cycle, and kept as a dead letter."""
+
+    async def scenario() -> None:
+        async with agent(broker, A) as alice, agent(broker, B) as bob:
+            await call(alice, "relay_register_endpoint", subject=A)
+            await call(bob, "relay_register_endpoint", subject=B)
+            await call(alice, "relay_send", subject=B, payload={"content": "ping"})
+            first = await read_one(bob, B)
+            await call(bob, "relay_reply", id=first["id"], payload={"content": "pong"})
+            second = await read_one(alice, A)
+            assert second["budget"]["hopCount"] == 2
+
+            text = await refusal(alice, "relay_reply", id=second["id"], payload={"content": "x"})
+            assert text.startswith("budget_exceeded: "), text
+            letters = (await call(alice, "relay_dead_letters", endpoint=B))["items"]
+            assert [d["code"] for d in letters] == ["cycle_detected"]
+
+    run(scenario)
+
+
+def test_a_send_while_holding_a_message_carries_its_budget(broker: Broker) -> None:
+    """An agent that forwards what it read (relay_send, not a reply) carries the budget
+    of what it holds, so a forwarding loop is stopped too."""
+
+    async def scenario() -> None:
+        async with agent(broker, A) as alice, agent(broker, B) as bob:
+            await call(alice, "relay_register_endpoint", subject=A)
+            await call(bob, "relay_register_endpoint", subject=B)
+            await call(alice, "relay_send", subject=B, payload="hop 1")
+            await read_one(bob, B)  # held, not acked
+            await call(bob, "relay_send", subject=A, payload="hop 2")
+            forwarded = await read_one(alice, A)
+            assert forwarded["budget"]["ancestorChain"] == [B, A]
+            assert forwarded["budget"]["hopCount"] == 2
+            text = await refusal(alice, "relay_send", subject=B, payload="hop 3")
+            assert text.startswith(f"budget_exceeded: cycle detected: {B} already in chain"), text
+
+    run(scenario)
+
+
+def test_a_sender_the_identity_may_not_use_is_a_tool_error() -> None:
+    """The key projA may send as relay.agent.projA.> only; a server started with it
+    --as another subject is refused by the router on every send."""
+    keys = [("ops", [">"], True), ("projA", ["relay.agent.projA.>"], False)]
+    with Broker.on_tcp(keys) as broker:
+        address = broker.client_options["address"]
+        key = str(broker.home.keys / "projA.key_secret")
+        extra = ("--address", address, "--key-file", key)
+
+        async def scenario() -> None:
+            async with agent(broker, "relay.agent.other.mallory", *extra) as mallory:
+                text = await refusal(
+                    mallory, "relay_send", subject="relay.agent.projA.inbox", payload="hi"
+                )
+            assert text.startswith("sender_not_allowed: "), text
+            assert "may not send as relay.agent.other.mallory" in text
+
+        run(scenario)
+
+
+def test_nack_makes_a_dead_letter_with_the_agents_reason(broker: Broker) -> None:
+    async def scenario() -> None:
+        async with agent(broker, B) as bob:
+            await call(bob, "relay_register_endpoint", subject=B)
+            await call(bob, "relay_send", subject=B, payload="unreadable")
+            message = await read_one(bob, B)
+            await call(bob, "relay_nack", endpoint=B, id=message["id"], reason="cannot parse")
+
+            async def letters() -> list[dict[str, Any]]:
+                return (await call(bob, "relay_dead_letters", endpoint=B))["items"]
+
+            letter = (await eventually(letters, "the nacked message's dead letter"))[0]
+            assert letter["id"] == message["id"]
+            assert letter["code"] == "nack"
+            assert "cannot parse" in letter["reason"]
+
+    run(scenario)
+
+
+def test_inbox_claims_no_more_than_its_limit_and_lists_what_is_still_held(
+    broker: Broker,
+) -> None:
+    async def scenario() -> None:
+        async with agent(broker, B) as bob:
+            await call(bob, "relay_register_endpoint", subject=B)
+            for n in range(3):
+                await call(bob, "relay_send", subject=B, payload=n)
+            first = await call(bob, "relay_inbox", endpoint=B, limit=2)
+            assert [m["payload"] for m in first["messages"]] == [0, 1]
+            rest = await call(bob, "relay_inbox", endpoint=B, limit=2)
+            assert [m["payload"] for m in rest["messages"]] == [2]
+            assert rest["stillHeld"] == [m["id"] for m in first["messages"]]
+
+    run(scenario)
+
+
+def test_inbox_holds_at_most_max_held_messages_then_asks_for_answers(broker: Broker) -> None:
+    sdk = broker.client()
+    sdk.register_endpoint(B)
+    for n in range(MAX_HELD + 1):
+        sdk.publish(B, n, sender=A)
+
+    async def scenario() -> None:
+        async with agent(broker, B) as bob:
+            held = 0
+            while held < MAX_HELD:
+                held += len((await call(bob, "relay_inbox", endpoint=B, limit=50))["messages"])
+            assert held == MAX_HELD
+            text = await refusal(bob, "relay_inbox", endpoint=B)
+            assert text.startswith(f"limit_exceeded: {MAX_HELD} messages read and not answered")
+            oldest = min(p["id"] for p in sdk.pending(B))  # all claimed by bob by now
+            await call(bob, "relay_ack", endpoint=B, id=oldest)
+            last = await call(bob, "relay_inbox", endpoint=B)
+            assert [m["payload"] for m in last["messages"]] == [MAX_HELD]
+
+    run(scenario)
+
+
+def test_messages_read_and_not_answered_stay_claimed_after_the_server_exits(
+    broker: Broker,
+) -> None:
+    async def scenario() -> None:
+        async with agent(broker, B) as bob:
+            await call(bob, "relay_register_endpoint", subject=B)
+            await call(bob, "relay_send", subject=B, payload="read, never acked")
+            message = await read_one(bob, B)
+        pending = broker.client().pending(B)
+        assert [p["id"] for p in pending] == [message["id"]]
+        assert pending[0]["endpoint"] == endpoint_hash(B)
+
+    run(scenario)
+
+
+def test_send_and_wait_without_a_reply_is_a_timeout_tool_error(broker: Broker) -> None:
+    async def scenario() -> None:
+        async with agent(broker, A) as alice:
+            await call(alice, "relay_register_endpoint", subject=B)
+            text = await refusal(
+                alice, "relay_send_and_wait", subject=B, payload="anyone?", timeout_s=0.2
+            )
+            assert text.startswith("timeout: no reply to "), text
+
+    run(scenario)
+
+
+def test_a_reply_after_the_wait_ended_is_refused_to_the_replier(broker: Broker) -> None:
+    """The request's TTL is the end of the wait: a late reply is refused, not stored."""
+
+    async def scenario() -> None:
+        async with agent(broker, A) as alice, agent(broker, B) as bob:
+            await call(bob, "relay_register_endpoint", subject=B)
+            text = await refusal(alice, "relay_send_and_wait", subject=B, payload=1, timeout_s=0.5)
+            assert text.startswith("timeout: "), text
+            request = await read_one(bob, B)
+            ttl = request["budget"]["ttl"]
+            wait_for(lambda: time.time() * 1000 > ttl, what="the request's TTL to pass")
+            late = await refusal(bob, "relay_reply", id=request["id"], payload="too late")
+            assert late.startswith("budget_exceeded: message expired (TTL)"), late
+
+    run(scenario)
+
+
+def test_a_reply_without_the_requests_budget_is_a_dead_letter_not_the_answer(
+    broker: Broker,
+) -> None:
+    """Only a reply that carries the request's budget answers it; another message on the
+    reply endpoint is nacked with the reason, and the wait goes on."""
+    responder = broker.client()
+    requests: list[Envelope] = []
+    responder.register_endpoint(B)
+    responder.subscribe(B, requests.append)
+
+    async def scenario() -> None:
+        async with agent(broker, A) as alice:
+            answer: dict[str, Any] = {}
+            ask = call(alice, "relay_send_and_wait", subject=B, payload="2+2?")
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(into, answer, ask)
+                request = (await eventually(lambda: _now(requests), "the request"))[0]
+                responder.publish(request.reply_to, "fresh budget", sender=B)
+
+                async def letters() -> list[dict[str, Any]]:
+                    found = await call(alice, "relay_dead_letters", endpoint=request.reply_to)
+                    return found["items"]
+
+                letter = (await eventually(letters, "the unmatched reply's dead letter"))[0]
+                assert "did not carry the request's budget" in letter["reason"]
+                responder.reply(request, "4", sender=B)
+            assert answer["reply"]["payload"] == "4"
+
+    run(scenario)
+
+
+async def _now(items: list[Any]) -> list[Any]:
+    return items
+
+
+BAD_CALLS = [  # tool, arguments, how its tool error starts
+    ("relay_send", {"payload": 1}, "invalid_message: relay_send: 'subject' is a required"),
+    ("relay_inbox", {"endpoint": B, "limit": 0}, "invalid_message: relay_inbox: argument 'limit'"),
+    ("relay_send", {"subject": "a..b", "payload": 1}, "invalid_subject: "),
+    ("relay_ack", {"endpoint": B, "id": "0" * 26}, "invalid_state: message 000"),
+    ("relay_reply", {"id": "0" * 26, "payload": 1}, "message_not_found: "),
+    ("relay_inbox", {"endpoint": "relay.agent.proj.nobody"}, "endpoint_not_found: "),
+    ("relay_signal", {"subject": B, "type": "shout", "state": "x"}, "invalid_message: "),
+    ("relay_teleport", {}, "unknown_operation: no tool 'relay_teleport'"),
+]
+
+
+def test_a_bad_call_is_a_tool_error_that_starts_with_the_relay_code(broker: Broker) -> None:
+    """One server for the whole table: starting one costs seconds (importing mcp)."""
+
+    async def scenario() -> list[str]:
+        async with agent(broker, A) as alice:
+            return [await refusal(alice, tool, **args) for tool, args, _ in BAD_CALLS]
+
+    texts = anyio.run(scenario)
+    for (tool, _, expected), text in zip(BAD_CALLS, texts, strict=True):
+        assert text.startswith(expected), (tool, text)
+
+
+def test_signal_reaches_a_subscriber_of_its_subject(broker: Broker) -> None:
+    watcher = broker.client()
+    seen: list[Any] = []
+    signals_flowing(watcher, B)
+    watcher.on_signal(B, lambda _subject, signal: seen.append(signal))
+
+    async def scenario() -> None:
+        async with agent(broker, A) as alice:
+            await call(alice, "relay_signal", subject=B, type="typing", state="active")
+
+    run(scenario)
+    typing = wait_for(lambda: [s for s in seen if s.type == "typing"], what="the typing signal")
+    assert typing[0].endpoint_subject == A
+
+
+def test_inbox_with_wait_s_returns_a_message_sent_during_the_wait(broker: Broker) -> None:
+    async def scenario() -> None:
+        async with agent(broker, A) as alice, agent(broker, B) as bob:
+            await call(bob, "relay_register_endpoint", subject=B)
+            read: dict[str, Any] = {}
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(into, read, call(bob, "relay_inbox", endpoint=B, wait_s=30))
+                await eventually(lambda: _subscribed(broker), "bob's inbox to wait")
+                await call(alice, "relay_send", subject=B, payload="while you waited")
+            assert [m["payload"] for m in read["messages"]] == ["while you waited"]
+
+    run(scenario)
+
+
+async def _subscribed(broker: Broker) -> bool:
+    """Whether some client consumes: the waiting inbox's claim is in place."""
+    return broker.client().status()["subscriptions"] > 0
+
+
+def test_http_serves_the_same_tools_at_slash_mcp(broker: Broker) -> None:
+    """`--http HOST:PORT`: streamable HTTP instead of stdio, same tools, same sender."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "broker.cli", "--home", str(broker.home.root), "mcp"]
+    cmd += ["--as", A, "--http", f"127.0.0.1:{port}"]
+    with (broker.logs / "mcp-http.log").open("a") as log:
+        server = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: _listening(port), 30, what="relay mcp --http to listen")
+
+        async def scenario() -> dict[str, Any]:
+            async with Client(f"http://127.0.0.1:{port}/mcp") as alice:
+                assert len((await alice.list_tools()).tools) == len(TOOLS)
+                await call(alice, "relay_register_endpoint", subject=B)
+                return await call(alice, "relay_send", subject=B, payload="over http")
+
+        sent = anyio.run(scenario)
+        assert sent["deliveredTo"] == 1
+        assert depth(broker.client(), B) == 1
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
