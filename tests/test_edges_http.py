@@ -128,6 +128,18 @@ def test_inbox_holds_messages_until_ack_or_nack(gw: RunningGateway) -> None:
     assert gw.http.get(f"/api/endpoints/{DEMO}/inbox").json()["messages"] == []
 
 
+def test_an_inbox_read_claims_no_more_than_it_asks_for(gw: RunningGateway) -> None:
+    register(gw)
+    ids = [publish(gw, n)["messageId"] for n in range(3)]
+    held = gw.http.get(f"/api/endpoints/{DEMO}/inbox", params={"limit": 1, "wait": 5}).json()
+    assert [m["id"] for m in held["messages"]] == ids[:1]
+    assert [copy_state(gw, i) for i in ids] == ["claimed", "new", "new"]
+    # What the HTTP reader did not ask for goes to another consumer.
+    got: list[str] = []
+    gw.broker.client().subscribe(DEMO, lambda envelope: got.append(envelope.id))
+    wait_for(lambda: sorted(got) == ids[1:], what="the SDK consumer to get the other two")
+
+
 def test_ack_of_a_message_not_held_is_message_not_found(gw: RunningGateway) -> None:
     register(gw)
     message_id = publish(gw, "never read")["messageId"]

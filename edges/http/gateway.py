@@ -243,12 +243,11 @@ class Session:
         self.hubs: dict[str, ObserverHub] = {}
         self._lock = asyncio.Lock()  # one subscribe at a time per session: no duplicates
 
-    async def inbox(self, subject: str) -> Inbox:
-        async with self._lock:
-            if subject not in self.inboxes:
-                self.inboxes[subject] = await Inbox(self.client, subject).open()
-            self.inboxes[subject].last_used = time.monotonic()  # not swept before its read
-            return self.inboxes[subject]
+    def inbox(self, subject: str) -> Inbox:
+        if subject not in self.inboxes:
+            self.inboxes[subject] = Inbox(self.client, subject)
+        self.inboxes[subject].last_used = time.monotonic()  # not swept before its read
+        return self.inboxes[subject]
 
     async def hub(self, pattern: str) -> ObserverHub:
         async with self._lock:
@@ -264,7 +263,7 @@ class Session:
         return [h for i in self.inboxes.values() if (h := i.find(message_id)) is not None]
 
     async def sweep(self, now: float, linger: float) -> None:
-        async with self._lock:  # not while a read is opening the inbox it would close
+        async with self._lock:  # not while a stream is attaching to the hub it would close
             for pattern, hub in list(self.hubs.items()):
                 if hub.idle_for(now) > linger:
                     del self.hubs[pattern]
@@ -272,7 +271,6 @@ class Session:
             for subject, inbox in list(self.inboxes.items()):
                 if inbox.idle(now, linger):
                     del self.inboxes[subject]
-                    await inbox.close()
 
     async def close(self) -> None:
         """Close the connection: its "bye" ends every subscription at the router at once

@@ -154,21 +154,16 @@ async def unregister_endpoint(request: Request) -> Response:
     return JSONResponse({"removed": removed})
 
 
-async def _registered_inbox(session: Session, subject: str) -> Inbox:
-    validate(subject)
-    if subject not in session.inboxes:
-        endpoints = await session.client.list_endpoints()
-        if not any(e.subject == subject for e in endpoints):
-            raise EndpointNotFound(f"endpoint {subject} is not registered")
-    return await session.inbox(subject)
-
-
 async def inbox(request: Request) -> Response:
     session = await session_of(request)
     limit = int(query_number(request, "limit", INBOX_WINDOW, 1, INBOX_WINDOW))
     wait = query_number(request, "wait", 0.0, 0.0, MAX_WAIT_S)
-    box = await _registered_inbox(session, request.path_params["subject"])
-    held = await box.read(limit, wait)
+    subject = validate(request.path_params["subject"])
+    endpoints = (await session.client.status())["endpoints"]
+    found = next((e for e in endpoints if e["subject"] == subject), None)
+    if found is None:
+        raise EndpointNotFound(f"endpoint {subject} is not registered")
+    held = await session.inbox(subject).read(limit, wait, waiting=found["depth"])
     return JSONResponse({"messages": [h.to_wire() for h in held]})
 
 
