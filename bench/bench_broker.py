@@ -23,7 +23,9 @@ out to 10 endpoints, 100 in flight, as copies stored per second beside (b), whic
 files; publish → consumer handler latency at an offered 1,000 msg/s; signals received by
 a second client's ``on_signal`` with 100 signal requests in flight, and the rate of
 ``client.signal`` in a loop; the router's VmRSS right after the broker is ready and
-after all rounds ran (no ceiling; ``--only soak`` measures drift over time).
+after all rounds ran (no ceiling; ``--only soak`` measures drift over time); the router's
+CPU time (user + system, all its threads) per publish during the 100-in-flight run, the
+figure to hold against a change of the router's code (no ceiling).
 
 Every figure is the median of ``rounds`` interleaved rounds (all contenders once per
 round, Relay beside its ceiling). The broker homes and the raw files live on a real disk
@@ -50,11 +52,11 @@ from typing import Any
 import zmq
 
 from bench.bench_storage import fs_type
-from bench.common import Row, rate, remove_when_done, rss_mib, stop_broker
-from broker.control import DEFAULT_CONFIG
-from sdk.client import ACK_DELAY_S, answers_together
+from bench.common import Row, cpu_us, rate, remove_when_done, rss_mib, stop_broker
+from broker.config import DEFAULT_CONFIG
 from sdk.paths import shard_of
 from sdk.subjects import endpoint_hash
+from sdk.subscription import ACK_DELAY_S, answers_together
 from sdk.types import Signal, SignalType
 from workers.syncfs import syncfs
 
@@ -80,7 +82,7 @@ SIGNAL_SYNC_N = 2000  # client.signal() in a loop
 OFFERED_RATE = 1000  # msg/s, for the handler latency
 OFFERED_SECONDS = 3.0
 WARMUP = 200
-# (e)'s consumer answers as the SDK's does with the default credit (sdk.client).
+# (e)'s consumer answers as the SDK's does with the default credit (sdk.subscription).
 ACKS_TOGETHER = answers_together(DEFAULT_CONFIG["limits"]["defaultCredit"])
 
 _OPEN_NEW = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC
@@ -750,7 +752,12 @@ class RelayBroker:
         }
 
     def publish_pipelined(self, count: int = PIPELINED_N) -> dict[str, float]:
-        return self._in_flight(count, self.spread, 1)
+        """Publishes/s, and the router's CPU µs per publish over the same run (its whole
+        process: the loop and ZeroMQ's I/O threads; counted in 10 ms clock ticks)."""
+        router = self.broker.procs["router"].pid
+        before = cpu_us(router)
+        result = self._in_flight(count, self.spread, 1)
+        return {**result, "router_cpu": (cpu_us(router) - before) / count}
 
     def publish_fanout(self, count: int = FANOUT_N) -> dict[str, float]:
         """Wildcard publishes reaching FANOUT endpoints each; rate = copies stored/s."""
@@ -1011,6 +1018,13 @@ def _table(m: dict[str, dict[str, float]], kind: str) -> list[Row]:
                 rt_pipe["rate"],
             ),
         ]
+        out.append(
+            Row(
+                f"router CPU per publish, {INFLIGHT} in flight, {ENDPOINTS} endpoints, {shard}",
+                pipe["router_cpu"],
+                "us",
+            )
+        )
         if k == PIPE_WRITERS:  # (e) has as many writers as this broker has shards
             out.append(
                 Row(

@@ -136,7 +136,7 @@ class HttpBench:
                 self.sdk.register_endpoint(subject)
             self.port = free_port()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "broker.cli", "--home", str(self.broker.home.root),
+                [sys.executable, "-m", "cli", "--home", str(self.broker.home.root),
                  "http", "--listen", f"127.0.0.1:{self.port}"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip

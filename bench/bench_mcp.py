@@ -46,7 +46,7 @@ UNLIMITED = {"rateLimit": {"maxPerWindow": 10**9}, "backpressure": {"maxMailboxS
 
 @contextlib.asynccontextmanager
 async def mcp_agent(broker: Any, sender: str) -> AsyncIterator[Client]:
-    args = ["-m", "broker.cli", "--home", str(broker.home.root), "mcp", "--as", sender]
+    args = ["-m", "cli", "--home", str(broker.home.root), "mcp", "--as", sender]
     params = StdioServerParameters(command=sys.executable, args=args, env={"RELAY_LOG": "WARNING"})
     with (broker.logs / f"mcp-{sender}.log").open("a") as errlog:
         async with Client(stdio_client(params, errlog=errlog), read_timeout_seconds=60) as agent:

@@ -260,7 +260,7 @@ def rows(rounds: int = 3) -> list[Row]:
 
 
 def _lost(figures: dict[str, float]) -> str:
-    """", N lost" for a row's label when messages were lost, else nothing."""
+    """The ", N lost" of a row's label when messages were lost, else nothing."""
     return f", {figures['lost']:.0f} lost" if figures["lost"] else ""
 
 

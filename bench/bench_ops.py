@@ -38,7 +38,8 @@ from ops.archive import MESSAGE_COLUMNS
 from ops.live import FILE_SCHEMA, rows_table
 from sdk.paths import Home, shard_of
 from sdk.subjects import endpoint_hash
-from workers.index import COLUMNS, MessageIndex
+from workers.index import MessageIndex
+from workers.index_sql import COLUMNS
 from workers.maildir import Mailbox
 
 DAY_MS = 86_400_000

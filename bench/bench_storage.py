@@ -27,8 +27,10 @@ from pathlib import Path
 
 from bench.common import Row, interleave, rate, remove_when_done
 from sdk.ids import new_id
-from workers.index import MIGRATIONS, MessageIndex, rebuild_from_maildir
-from workers.maildir import Mailbox, deliver_batch
+from workers.group_commit import deliver_batch
+from workers.index import MessageIndex, rebuild_from_maildir
+from workers.index_sql import MIGRATIONS
+from workers.maildir import Mailbox
 from workers.records import MessageRecord, State
 from workers.sqlite import open_db
 from workers.syncfs import HAVE_SYNCFS, syncfs

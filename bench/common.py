@@ -62,6 +62,17 @@ def rate(count: int, seconds: float) -> float:
     return count / seconds if seconds > 0 else float("inf")
 
 
+def cpu_us(pid: int) -> float:
+    """The CPU time a process has used so far, user and system, all its threads
+    (ZeroMQ's I/O threads included), in µs: utime + stime from /proc/<pid>/stat, which
+    counts in clock ticks (usually 10 ms each, so measure runs of a second or more)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        # The command name (field 2) may hold spaces; the fields after it do not.
+        fields = stat.read().rpartition(")")[2].split()
+    utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
+    return (utime + stime) * 1_000_000 / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mib(pid: int) -> float:
     """The resident set size of a process in MiB, from VmRSS in /proc/<pid>/status."""
     with open(f"/proc/{pid}/status") as status:

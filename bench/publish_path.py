@@ -212,7 +212,7 @@ def main() -> int:
 
     thread = threading.Thread(target=run, name="router")
     thread.start()
-    cmd = [sys.executable, "-m", "broker.cli", "--home", str(home.root), "writer"]
+    cmd = [sys.executable, "-m", "cli", "--home", str(home.root), "writer"]
     writers = [
         subprocess.Popen(
             [*cmd, "--shard", str(k), "--shards", str(SHARDS)],

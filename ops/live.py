@@ -23,8 +23,9 @@ import pyarrow as pa
 
 from broker.rejections import FILE_NAME as REJECTIONS_FILE
 from sdk.paths import Home
-from workers.index import COLUMNS, MessageIndex
-from workers.maildir import parse_name
+from workers.filenames import parse_name
+from workers.index import MessageIndex
+from workers.index_sql import COLUMNS
 from workers.sqlite import open_db
 
 DAY_MS = 86_400_000

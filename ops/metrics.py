@@ -46,7 +46,7 @@ from ops.live import (
 )
 from ops.progress import Progress
 from sdk.paths import UNROUTABLE, Home, write_private
-from workers.index import COLUMNS
+from workers.index_sql import COLUMNS
 
 BUCKETS_MS = {"minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
 PERCENTILES = (0.5, 0.95, 0.99)

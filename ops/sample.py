@@ -22,8 +22,10 @@ from broker.control import ControlPlane
 from sdk.ids import MonotonicUlid
 from sdk.paths import UNROUTABLE, Home, shard_of
 from sdk.subjects import endpoint_hash
+from workers.filenames import format_name
+from workers.group_commit import deliver_batch
 from workers.index import MessageIndex, rebuild_from_maildir
-from workers.maildir import Mailbox, deliver_batch, format_name
+from workers.maildir import Mailbox
 from workers.records import MessageRecord, State
 
 DAY_MS = 86_400_000

@@ -7,7 +7,7 @@ enum value raises `InvalidMessage` naming the field by its wire path
 `InvalidSubject`, prefixed the same way. Booleans are never accepted as numbers. The
 keyword ``path`` of ``from_wire`` is the object's place in its parent, used in those
 messages; it defaults to the object's usual wire name (``budget``, ``signal``, ``rule``...;
-empty for an envelope, the root).
+empty for an envelope, the root). The checks themselves are sdk/fields.py.
 
 Decisions:
 
@@ -28,181 +28,32 @@ Nothing here imports the server side.
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Self
 
-from sdk.errors import InvalidMessage, InvalidSubject
+from sdk.errors import InvalidMessage
+from sdk.fields import (
+    as_mapping,
+    check_json_value,
+    check_kind,
+    dumps_json,
+    get_enum,
+    get_field,
+    get_strings,
+    get_subject,
+    label_of,
+    loads_json,
+    valid_subject,
+)
 from sdk.ids import check_id
-from sdk.subjects import is_valid, validate
+from sdk.subjects import is_valid
 
 DEFAULT_MAX_HOPS = 5
 DEFAULT_TTL_MS = 3_600_000
 DEFAULT_CALL_BUDGET = 10
-
-# --- validation helpers ------------------------------------------------------------------
-
-_MISSING: Any = object()
-_KIND_NAMES = {
-    int: "an int",
-    float: "a number",
-    str: "a string",
-    bool: "a boolean",
-    list: "a list",
-    dict: "an object",
-}
-
-
-def _label(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
-
-
-def _is(value: object, kind: type) -> bool:
-    if isinstance(value, bool):
-        return kind is bool
-    if kind is float:  # "a number": ints are numbers too
-        return isinstance(value, int | float)
-    return isinstance(value, kind)
-
-
-def _check(value: Any, kind: type, label: str, *, minimum: int | None = None) -> Any:
-    if not _is(value, kind):
-        raise InvalidMessage(f"{label} must be {_KIND_NAMES[kind]}, got {value!r:.60}")
-    if minimum is not None and value < minimum:
-        raise InvalidMessage(f"{label} must be >= {minimum}, got {value!r}")
-    return value
-
-
-def _field(
-    d: Mapping[str, Any],
-    name: str,
-    kind: type,
-    path: str,
-    *,
-    default: Any = _MISSING,
-    minimum: int | None = None,
-) -> Any:
-    """``d[name]`` checked against ``kind``; with a ``default``, missing or null gives it."""
-    value = d.get(name, _MISSING)
-    if value is _MISSING or (value is None and default is not _MISSING):
-        if default is _MISSING:
-            raise InvalidMessage(f"{_label(path, name)} is missing")
-        return default
-    if type(value) is kind and (minimum is None or value >= minimum):
-        return value  # the common case, without building a label
-    return _check(value, kind, _label(path, name), minimum=minimum)
-
-
-def _subject(
-    d: Mapping[str, Any],
-    name: str,
-    path: str,
-    *,
-    wildcards: bool = False,
-    default: Any = _MISSING,
-) -> Any:
-    value = _field(d, name, str, path, default=default)
-    if value is not default:
-        _valid_subject(value, path, name, wildcards)
-    return value
-
-
-def _valid_subject(value: str, path: str, name: str, wildcards: bool = False) -> str:
-    try:
-        return validate(value, wildcards=wildcards)
-    except InvalidSubject as err:
-        raise InvalidSubject(f"{_label(path, name)}: {err.message}") from None
-
-
-def _mapping(d: object, path: str) -> Mapping[str, Any]:
-    if type(d) is not dict and not isinstance(d, Mapping):  # dict: skip the ABC check
-        raise InvalidMessage(f"{path or 'message'} must be an object, got {d!r:.60}")
-    return d
-
-
-def _enum(d: Mapping[str, Any], name: str, enum: type[StrEnum], path: str) -> Any:
-    value = _field(d, name, str, path)
-    member = enum._value2member_map_.get(value)  # what enum(value) finds, without its cost
-    if member is not None:
-        return member
-    try:
-        return enum(value)
-    except ValueError:
-        allowed = ", ".join(enum)
-        raise InvalidMessage(
-            f"{_label(path, name)} must be one of {allowed}; got {value!r:.60}"
-        ) from None
-
-
-def _strings(d: Mapping[str, Any], name: str, path: str, *, default: Any = _MISSING) -> Any:
-    items = _field(d, name, list, path, default=default)
-    if items is default:
-        return default
-    for i, item in enumerate(items):
-        if type(item) is not str:
-            _check(item, str, f"{_label(path, name)}[{i}]")
-    return tuple(items)
-
-
-def _check_json_value(value: object, label: str) -> None:
-    """Refuse what JSON cannot hold: non-string keys, bytes, NaN, sets, objects...
-
-    Iterative, and a location is a cheap linked tuple turned into text only for the error,
-    so a payload of 100,000 numbers costs no 100,000 label strings.
-    """
-    stack: list[tuple[object, Any]] = [(value, None)]
-    while stack:
-        item, where = stack.pop()
-        if item is None or isinstance(item, str | bool | int):
-            continue
-        if isinstance(item, float):
-            if not math.isfinite(item):
-                raise InvalidMessage(f"{_where(label, where)} must be a finite number, got {item}")
-        elif isinstance(item, list | tuple):
-            stack.extend((v, (where, i)) for i, v in enumerate(item))
-        elif isinstance(item, dict):
-            for k, v in item.items():
-                if not isinstance(k, str):
-                    raise InvalidMessage(
-                        f"{_where(label, where)} keys must be strings, got {k!r:.60}"
-                    )
-                stack.append((v, (where, k)))
-        else:
-            raise InvalidMessage(
-                f"{_where(label, where)} must be JSON-representable, got {type(item).__name__}"
-            )
-
-
-def _where(label: str, where: Any) -> str:
-    keys = []
-    while where is not None:
-        where, key = where
-        keys.append(f"[{key}]" if isinstance(key, int) else f".{key}")
-    return label + "".join(reversed(keys))
-
-
-def _dumps(obj: object) -> bytes:
-    try:
-        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        return text.encode("utf-8")
-    except (TypeError, ValueError) as err:  # UnicodeEncodeError is a ValueError
-        raise InvalidMessage(f"message is not JSON-representable: {err}") from None
-
-
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _loads(data: bytes) -> Mapping[str, Any]:
-    try:
-        obj = json.loads(data, parse_constant=_reject_constant)
-    except (ValueError, TypeError) as err:  # JSONDecodeError, UnicodeDecodeError
-        raise InvalidMessage(f"message file is not valid JSON: {err}") from None
-    return _mapping(obj, "message file")
 
 
 # --- Budget --------------------------------------------------------------------------------
@@ -229,16 +80,16 @@ class Budget:
 
     @classmethod
     def from_wire(cls, d: object, *, path: str = "budget") -> Self:
-        d = _mapping(d, path)
-        chain = _strings(d, "ancestorChain", path)
+        d = as_mapping(d, path)
+        chain = get_strings(d, "ancestorChain", path)
         for i, subject in enumerate(chain):
-            _valid_subject(subject, path, f"ancestorChain[{i}]")
+            valid_subject(subject, path, f"ancestorChain[{i}]")
         return cls(
-            hop_count=_field(d, "hopCount", int, path, minimum=0),
-            max_hops=_field(d, "maxHops", int, path, minimum=0),
+            hop_count=get_field(d, "hopCount", int, path, minimum=0),
+            max_hops=get_field(d, "maxHops", int, path, minimum=0),
             ancestor_chain=chain,
-            ttl=_field(d, "ttl", int, path, minimum=0),
-            call_budget_remaining=_field(d, "callBudgetRemaining", int, path, minimum=0),
+            ttl=get_field(d, "ttl", int, path, minimum=0),
+            call_budget_remaining=get_field(d, "callBudgetRemaining", int, path, minimum=0),
         )
 
 
@@ -267,7 +118,7 @@ def default_budget(now_ms: int, **overrides: Any) -> Budget:
     if "ttl_ms" in overrides:
         if "ttl" in overrides:
             raise InvalidMessage("budget: give ttl (a deadline) or ttl_ms (a duration), not both")
-        ttl_ms = _check(overrides.pop("ttl_ms"), int, "budget.ttl_ms", minimum=0)
+        ttl_ms = check_kind(overrides.pop("ttl_ms"), int, "budget.ttl_ms", minimum=0)
         wire["ttl"] = now_ms + ttl_ms
     for name, value in overrides.items():
         key = _BUDGET_OVERRIDES.get(name)
@@ -310,29 +161,31 @@ class Envelope:
 
     @classmethod
     def from_wire(cls, d: object, *, path: str = "") -> Self:
-        d = _mapping(d, path)
+        d = as_mapping(d, path)
         if "payload" not in d:
-            raise InvalidMessage(f"{_label(path, 'payload')} is missing")
+            raise InvalidMessage(f"{label_of(path, 'payload')} is missing")
         payload = d["payload"]
-        _check_json_value(payload, _label(path, "payload"))
+        check_json_value(payload, label_of(path, "payload"))
         return cls(
-            id=check_id(_field(d, "id", str, path), _label(path, "id")),
-            subject=_subject(d, "subject", path),
-            sender=_subject(d, "from", path),
-            reply_to=_subject(d, "replyTo", path, default=None),
-            budget=Budget.from_wire(_field(d, "budget", dict, path), path=_label(path, "budget")),
-            created_at=_field(d, "createdAt", int, path, minimum=0),
+            id=check_id(get_field(d, "id", str, path), label_of(path, "id")),
+            subject=get_subject(d, "subject", path),
+            sender=get_subject(d, "from", path),
+            reply_to=get_subject(d, "replyTo", path, default=None),
+            budget=Budget.from_wire(
+                get_field(d, "budget", dict, path), path=label_of(path, "budget")
+            ),
+            created_at=get_field(d, "createdAt", int, path, minimum=0),
             payload=payload,
-            published_to=_subject(d, "publishedTo", path, wildcards=True, default=None),
+            published_to=get_subject(d, "publishedTo", path, wildcards=True, default=None),
         )
 
     def to_json(self) -> bytes:
         """Compact UTF-8 JSON (non-ASCII kept as is): the message file format."""
-        return _dumps(self.to_wire())
+        return dumps_json(self.to_wire())
 
     @classmethod
     def from_json(cls, data: bytes) -> Self:
-        return cls.from_wire(_loads(data))
+        return cls.from_wire(loads_json(data))
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,12 +207,12 @@ class DeadLetterInfo:
 
     @classmethod
     def from_wire(cls, d: object, *, path: str = "deadLetter") -> Self:
-        d = _mapping(d, path)
+        d = as_mapping(d, path)
         return cls(
-            reason=_field(d, "reason", str, path),
-            code=_field(d, "code", str, path),
-            failed_at=_field(d, "failedAt", int, path, minimum=0),
-            endpoint=_field(d, "endpoint", str, path),
+            reason=get_field(d, "reason", str, path),
+            code=get_field(d, "code", str, path),
+            failed_at=get_field(d, "failedAt", int, path, minimum=0),
+            endpoint=get_field(d, "endpoint", str, path),
         )
 
 
@@ -371,12 +224,12 @@ def dead_letter_json(envelope: Envelope | Mapping[str, Any], info: DeadLetterInf
     """
     wire = envelope.to_wire() if isinstance(envelope, Envelope) else dict(envelope)
     wire["deadLetter"] = info.to_wire()
-    return _dumps(wire)
+    return dumps_json(wire)
 
 
 def parse_message_file(data: bytes) -> tuple[Envelope, DeadLetterInfo | None]:
     """Read a message file from any Maildir state; the info is set for dead letters."""
-    wire = _loads(data)
+    wire = loads_json(data)
     envelope = Envelope.from_wire(wire)
     dead = wire.get("deadLetter")
     return envelope, (None if dead is None else DeadLetterInfo.from_wire(dead))
@@ -448,13 +301,13 @@ def _signal_fields(d: object, path: str) -> tuple[SignalType, str, str, int, dic
             and is_valid(subject)
         ):
             return kind, state, subject, timestamp, data
-    d = _mapping(d, path)  # the checks one by one, naming what is wrong
+    d = as_mapping(d, path)  # the checks one by one, naming what is wrong
     return (
-        _enum(d, "type", SignalType, path),
-        _field(d, "state", str, path),
-        _subject(d, "endpointSubject", path),
-        _field(d, "timestamp", int, path, minimum=0),
-        _field(d, "data", dict, path, default=None),
+        get_enum(d, "type", SignalType, path),
+        get_field(d, "state", str, path),
+        get_subject(d, "endpointSubject", path),
+        get_field(d, "timestamp", int, path, minimum=0),
+        get_field(d, "data", dict, path, default=None),
     )
 
 
@@ -485,12 +338,12 @@ class AccessRule:
 
     @classmethod
     def from_wire(cls, d: object, *, path: str = "rule") -> Self:
-        d = _mapping(d, path)
+        d = as_mapping(d, path)
         return cls(
-            from_pattern=_subject(d, "from", path, wildcards=True),
-            to_pattern=_subject(d, "to", path, wildcards=True),
-            action=_enum(d, "action", RuleAction, path),
-            priority=_field(d, "priority", int, path, default=0),
+            from_pattern=get_subject(d, "from", path, wildcards=True),
+            to_pattern=get_subject(d, "to", path, wildcards=True),
+            action=get_enum(d, "action", RuleAction, path),
+            priority=get_field(d, "priority", int, path, default=0),
         )
 
 
@@ -530,16 +383,16 @@ class StandardPayload:
 
     @classmethod
     def from_wire(cls, d: object, *, path: str = "payload") -> Self:
-        d = _mapping(d, path)
+        d = as_mapping(d, path)
         return cls(
-            content=_field(d, "content", str, path),
-            sender_name=_field(d, "senderName", str, path, default=None),
-            channel=_field(d, "channel", str, path, default=None),
-            attachments=_strings(d, "attachments", path, default=()),
-            performative=_field(d, "performative", str, path, default=None),
-            conversation_id=_field(d, "conversationId", str, path, default=None),
-            correlation_id=_field(d, "correlationId", str, path, default=None),
-            platform_data=_field(d, "platformData", dict, path, default=None),
+            content=get_field(d, "content", str, path),
+            sender_name=get_field(d, "senderName", str, path, default=None),
+            channel=get_field(d, "channel", str, path, default=None),
+            attachments=get_strings(d, "attachments", path, default=()),
+            performative=get_field(d, "performative", str, path, default=None),
+            conversation_id=get_field(d, "conversationId", str, path, default=None),
+            correlation_id=get_field(d, "correlationId", str, path, default=None),
+            platform_data=get_field(d, "platformData", dict, path, default=None),
         )
 
 
@@ -563,17 +416,17 @@ class EndpointInfo:
 
     @classmethod
     def from_wire(cls, d: object, *, path: str = "endpoint") -> Self:
-        d = _mapping(d, path)
-        digest = _field(d, "hash", str, path)
+        d = as_mapping(d, path)
+        digest = get_field(d, "hash", str, path)
         if len(digest) != 12 or digest.strip("0123456789abcdef"):
             raise InvalidMessage(
-                f"{_label(path, 'hash')} must be 12 lowercase hex characters, got {digest!r:.60}"
+                f"{label_of(path, 'hash')} must be 12 lowercase hex characters, got {digest!r:.60}"
             )
         return cls(
-            subject=_subject(d, "subject", path),
+            subject=get_subject(d, "subject", path),
             hash=digest,
-            maildir_path=_field(d, "maildirPath", str, path),
-            registered_at=_field(d, "registeredAt", int, path, minimum=0),
+            maildir_path=get_field(d, "maildirPath", str, path),
+            registered_at=get_field(d, "registeredAt", int, path, minimum=0),
         )
 
 
@@ -613,30 +466,33 @@ class PublishResult:
 
     @classmethod
     def from_wire(cls, d: object, *, path: str = "result") -> Self:
-        d = _mapping(d, path)
+        d = as_mapping(d, path)
         rejected = []
-        label = _label(path, "rejected")
-        for i, pair in enumerate(_field(d, "rejected", list, path, default=[])):
+        label = label_of(path, "rejected")
+        for i, pair in enumerate(get_field(d, "rejected", list, path, default=[])):
             if not (isinstance(pair, list | tuple) and len(pair) == 2):
                 raise InvalidMessage(
                     f"{label}[{i}] must be a [hash, reason] pair, got {pair!r:.60}"
                 )
             rejected.append(
-                (_check(pair[0], str, f"{label}[{i}][0]"), _check(pair[1], str, f"{label}[{i}][1]"))
+                (
+                    check_kind(pair[0], str, f"{label}[{i}][0]"),
+                    check_kind(pair[1], str, f"{label}[{i}][1]"),
+                )
             )
-        label = _label(path, "mailboxPressure")
+        label = label_of(path, "mailboxPressure")
         pressure = {
-            _check(k, str, f"{label} key"): float(_check(v, float, f"{label}.{k}"))
-            for k, v in _field(d, "mailboxPressure", dict, path, default={}).items()
+            check_kind(k, str, f"{label} key"): float(check_kind(v, float, f"{label}.{k}"))
+            for k, v in get_field(d, "mailboxPressure", dict, path, default={}).items()
         }
-        label = _label(path, "details")
+        label = label_of(path, "details")
         details = {
-            _check(k, str, f"{label} key"): _check(v, str, f"{label}.{k}")
-            for k, v in _field(d, "details", dict, path, default={}).items()
+            check_kind(k, str, f"{label} key"): check_kind(v, str, f"{label}.{k}")
+            for k, v in get_field(d, "details", dict, path, default={}).items()
         }
         return cls(
-            message_id=check_id(_field(d, "messageId", str, path), _label(path, "messageId")),
-            delivered_to=_field(d, "deliveredTo", int, path, minimum=0),
+            message_id=check_id(get_field(d, "messageId", str, path), label_of(path, "messageId")),
+            delivered_to=get_field(d, "deliveredTo", int, path, minimum=0),
             rejected=tuple(rejected),
             mailbox_pressure=pressure,
             details=details,

@@ -144,7 +144,7 @@ class Broker:
 
     def _spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
-        cmd = [sys.executable, "-m", "broker.cli", "--home", str(self.home.root), *args]
+        cmd = [sys.executable, "-m", "cli", "--home", str(self.home.root), *args]
         self.procs[name] = subprocess.Popen(
             cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**self.env, **(env or {})}
         )
@@ -228,7 +228,7 @@ class Broker:
 
     def relay(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess:
         """Run a `relay` CLI command against this broker."""
-        cmd = [sys.executable, "-m", "broker.cli", "--home", str(self.home.root), *args]
+        cmd = [sys.executable, "-m", "cli", "--home", str(self.home.root), *args]
         return subprocess.run(
             cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=self.env
         )

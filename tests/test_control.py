@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from broker.control import DEFAULT_CONFIG, MIGRATIONS, ControlPlane
+from broker.config import DEFAULT_CONFIG
+from broker.control import MIGRATIONS, ControlPlane
 from sdk.errors import InvalidConfig, InvalidMessage, InvalidSubject
 from sdk.subjects import endpoint_hash
 from sdk.types import AccessRule, EndpointInfo, RuleAction

@@ -177,7 +177,7 @@ def test_a_writer_that_never_comes_back_fails_the_publish_after_the_deadline(bro
 def test_relay_up_says_ready_only_once_every_writer_is_up(tmp_path):
     home = tmp_path / "h"
     up = subprocess.Popen(
-        [sys.executable, "-m", "broker.cli", "--home", str(home), "up", "--shards", "2"],
+        [sys.executable, "-m", "cli", "--home", str(home), "up", "--shards", "2"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -189,7 +189,7 @@ def test_relay_up_says_ready_only_once_every_writer_is_up(tmp_path):
             line = up.stdout.readline()
             assert line, "relay up ended without saying ready"
         status = subprocess.run(
-            [sys.executable, "-m", "broker.cli", "--home", str(home), "status", "--json"],
+            [sys.executable, "-m", "cli", "--home", str(home), "status", "--json"],
             cwd=ROOT,
             capture_output=True,
             text=True,

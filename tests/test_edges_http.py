@@ -550,7 +550,7 @@ def test_a_cross_site_publish_gets_403_access_denied(gw: RunningGateway) -> None
 def test_relay_http_command_serves_the_api_and_the_console(broker: Broker) -> None:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker.cli", "--home", str(broker.home.root), "http",
+        [sys.executable, "-m", "cli", "--home", str(broker.home.root), "http",
          "--listen", f"127.0.0.1:{port}"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip

@@ -35,7 +35,7 @@ B = "relay.agent.proj.bob"
 @contextlib.asynccontextmanager
 async def agent(broker: Broker, sender: str, *extra: str) -> AsyncIterator[Client]:
     """An MCP session with a `relay mcp --as sender` process on this broker."""
-    args = ["-m", "broker.cli", "--home", str(broker.home.root), "mcp", "--as", sender, *extra]
+    args = ["-m", "cli", "--home", str(broker.home.root), "mcp", "--as", sender, *extra]
     params = StdioServerParameters(
         command=sys.executable, args=args, cwd=ROOT, env={"RELAY_LOG": "WARNING"}
     )
@@ -393,7 +393,7 @@ async def _subscribed(broker: Broker) -> bool:
 def test_http_serves_the_same_tools_at_slash_mcp(broker: Broker) -> None:
     """`--http HOST:PORT`: streamable HTTP instead of stdio, same tools, same sender."""
     port = free_port()
-    cmd = [sys.executable, "-m", "broker.cli", "--home", str(broker.home.root), "mcp"]
+    cmd = [sys.executable, "-m", "cli", "--home", str(broker.home.root), "mcp"]
     cmd += ["--as", A, "--http", f"127.0.0.1:{port}"]
     with (broker.logs / "mcp-http.log").open("a") as log:
         server = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)

@@ -15,8 +15,11 @@ import pytest
 
 from sdk.errors import InvalidMessage, StorageError
 from sdk.ids import new_id
-from workers.index import SCHEMA_VERSION, MessageIndex, rebuild_from_maildir
-from workers.maildir import Mailbox, deliver_batch, parse_name
+from workers.filenames import parse_name
+from workers.group_commit import deliver_batch
+from workers.index import MessageIndex, rebuild_from_maildir
+from workers.index_sql import SCHEMA_VERSION
+from workers.maildir import Mailbox
 from workers.records import MessageRecord, State
 from workers.sqlite import open_db
 

@@ -18,17 +18,11 @@ from hypothesis import strategies as st
 
 from sdk.errors import AlreadyClaimed, InvalidMessage, InvalidState, MessageNotFound, StorageError
 from sdk.ids import new_id
-from workers.maildir import (
-    FileName,
-    InvalidFile,
-    Mailbox,
-    deliver_batch,
-    format_name,
-    iter_records,
-    parse_name,
-    read_record,
-)
+from workers.filenames import FileName, format_name, parse_name
+from workers.group_commit import deliver_batch
+from workers.maildir import Mailbox
 from workers.records import MessageRecord, State
+from workers.scan import InvalidFile, iter_records, read_record
 
 NOW = 1_764_108_000_000
 

@@ -4,7 +4,8 @@ Each case runs a child Python process with ``RELAY_FAULT`` naming one fault poin
 child SIGKILLs itself exactly there (workers.faults). The parent then runs
 ``Mailbox.recover()`` as a restarting writer would and checks that nothing partial is
 visible in new/ or failed/, that every message is in exactly one state (the one the
-module docstring of workers.maildir promises for that step) and that tmp/ is empty.
+module docstrings of workers.maildir and the modules it names promise for that step)
+and that tmp/ is empty.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from pathlib import Path
 import pytest
 
 from sdk.ids import new_id
-from workers import maildir
-from workers.maildir import InvalidFile, Mailbox, iter_records
+from workers import dead_letters, filenames, maildir
+from workers.maildir import Mailbox
 from workers.records import State
+from workers.scan import InvalidFile, iter_records
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = 1_764_108_000_000
@@ -32,7 +34,8 @@ NOW = 1_764_108_000_000
 CHILD = textwrap.dedent(
     """
     import json, sys
-    from workers.maildir import Mailbox, deliver_batch
+    from workers.group_commit import deliver_batch
+    from workers.maildir import Mailbox
     args = json.loads(sys.argv[1])
     boxes = [Mailbox(root, endpoint) for root, endpoint in args["boxes"]]
     op, messages = args["op"], args["messages"]
@@ -90,10 +93,10 @@ CASES = [
     Case("complete", maildir.COMPLETE_AFTER_RENAME, State.CLAIMED, State.DONE),
     Case("requeue", maildir.REQUEUE_AFTER_RENAME, State.CLAIMED, State.NEW),
     # fail: unchanged until failed/<id> exists, failed from then on
-    Case("fail", maildir.FAIL_AFTER_TMP_WRITE, State.NEW, State.NEW),
-    Case("fail", maildir.FAIL_AFTER_FAILED_WRITTEN, State.NEW, State.FAILED),
-    Case("fail", maildir.FAIL_AFTER_FAILED_WRITTEN, State.CLAIMED, State.FAILED),
-    Case("fail", maildir.FAIL_AFTER_UNLINK, State.CLAIMED, State.FAILED),
+    Case("fail", dead_letters.FAIL_AFTER_TMP_WRITE, State.NEW, State.NEW),
+    Case("fail", dead_letters.FAIL_AFTER_FAILED_WRITTEN, State.NEW, State.FAILED),
+    Case("fail", dead_letters.FAIL_AFTER_FAILED_WRITTEN, State.CLAIMED, State.FAILED),
+    Case("fail", dead_letters.FAIL_AFTER_UNLINK, State.CLAIMED, State.FAILED),
 ]
 
 
@@ -143,7 +146,7 @@ def states_on_disk(box: Mailbox, message_id: str) -> list[State]:
         found.append(State.FAILED)
     for name in os.listdir(box.cur_dir):
         if name.startswith(message_id):
-            found.append(maildir._state_of("cur", maildir.parse_name(name)))
+            found.append(filenames.state_of("cur", filenames.parse_name(name)))
     return found
 
 

@@ -29,8 +29,8 @@ from ops.sample import Spec, endpoint_subject, generate
 from ops.session import spark_session
 from sdk.paths import Home
 from tests.harness import ROOT, Broker, wait_for
-from workers.maildir import iter_records
 from workers.records import MessageRecord, State
+from workers.scan import iter_records
 
 pytestmark = pytest.mark.spark
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from broker.cli import main as relay_main
 from broker.rejections import RejectionLog
+from cli.main import main as relay_main
 from ops.compact import CompactOptions, compact
 from ops.metrics import write_outputs
 from ops.sample import Spec, generate

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from broker.control import DEFAULT_CONFIG
+from broker.config import DEFAULT_CONFIG
 from broker.publish import Copy
 from broker.reliability import Reliability
 

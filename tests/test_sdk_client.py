@@ -12,12 +12,13 @@ import threading
 
 import pytest
 
-from broker.control import DEFAULT_CONFIG
-from sdk import client as client_module
+from broker.config import DEFAULT_CONFIG
+from sdk import subscription as subscription_module
 from sdk import wire
-from sdk.client import Delivery, _SubscriptionWorker, connect
+from sdk.client import connect
 from sdk.errors import InvalidMessage, Unavailable
 from sdk.ids import new_id
+from sdk.subscription import Delivery, SubscriptionWorker
 from sdk.types import Envelope, Signal, SignalType, StandardPayload
 from tests.harness import depth, wait_for
 from tests.test_types import make_envelope
@@ -225,7 +226,7 @@ def test_a_bad_item_in_a_run_of_signals_costs_only_itself(broker):
 @pytest.fixture
 def slow_acks(monkeypatch):
     """Answers wait a minute for their deadline: only their count, or close(), sends them."""
-    monkeypatch.setattr(client_module, "ACK_DELAY_S", 60.0)
+    monkeypatch.setattr(subscription_module, "ACK_DELAY_S", 60.0)
 
 
 def pending_ids(client) -> list[str]:
@@ -253,7 +254,7 @@ def _worker_after_burst(subscribe_result: dict, burst: int) -> list[str]:
     def handler(envelope: Envelope) -> None:
         recorder.events.append(f"handled {envelope.payload}")
 
-    worker = _SubscriptionWorker(recorder, handler, "consume", {})
+    worker = SubscriptionWorker(recorder, handler, "consume", {})
     for n in range(burst):
         envelope = make_envelope(id=new_id(), payload=f"m{n}")
         worker.queue.put(Delivery(1, f"m{n}", "3f0c5bd2a1e4", envelope.to_json()))
@@ -382,7 +383,7 @@ def test_a_heartbeat_answered_during_unsubscribe_does_not_bring_it_back(broker):
         result = real_call(op, **fields)
         if op == "unsubscribe":  # the router dropped it; a heartbeat says so now
             client._check_subscriptions({"subs": []})
-            client._renew([worker])  # what the heartbeat's thread would do
+            client._renew([(worker, worker.renewals)])  # what the heartbeat's thread does
         return result
 
     client._call = call
@@ -401,13 +402,32 @@ def test_subscriptions_renewed_after_a_router_restart_keep_their_own_handlers(br
     client.subscribe(A, lambda e: got[A].append(e.id))  # sub 1
     client.subscribe(B, lambda e: got[B].append(e.id))  # sub 2
     other.observe(B, lambda e: None)  # sub 3
+    for c in (client, other):  # the test renews, in its order, not their heartbeats
+        c._check_subscriptions = lambda pong: None
     broker.kill("router")
     broker.start_router()
     broker.wait_ready()
     # The other client renews first and takes id 1; then this one: A gets 2, while B's
     # worker still sits under its old id 2.
-    other._renew(list(other._subs.values()))
-    client._renew(list(client._subs.values()))
-    wait_for(lambda: client.status()["subscriptions"] == 3, what="three subscriptions held")
+    other._renew([(w, w.renewals) for w in other._subs.values()])
+    client._renew([(w, w.renewals) for w in client._subs.values()])
+    assert client.status()["subscriptions"] == 3
     ids = {s: client.publish(s, 1, sender=SENDER).message_id for s in (A, B)}
     wait_for(lambda: got == {A: [ids[A]], B: [ids[B]]}, what=f"both handlers (got {got})")
+
+
+def test_two_renewals_of_one_loss_subscribe_once(broker):
+    """Two heartbeats that both find a subscription lost start two renewals; the one
+    that runs second, after the first has renewed it, must not subscribe it again."""
+    client = broker.client()
+    client.register_endpoint(A)
+    client._check_subscriptions = lambda pong: None  # the test plays the heartbeats
+    client.subscribe(A, lambda e: None)
+    broker.kill("router")
+    broker.start_router()
+    broker.wait_ready()
+    lost = [(w, w.renewals) for w in client._subs.values()]
+    client._renew(lost)
+    client._renew(lost)  # the second heartbeat's thread, late
+    assert client.status()["subscriptions"] == 1
+    assert len(client._subs) == 1

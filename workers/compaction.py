@@ -28,7 +28,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from sdk.errors import InvalidMessage
-from workers.maildir import Mailbox, _storage_error, fsync_dirs, parse_name
+from workers.filenames import parse_name
+from workers.fsio import fsync_dirs, storage_error
+from workers.maildir import Mailbox
 
 # A hint per message: (id, claimed_at, done_at) from the index, used to name a done file
 # without listing cur/ (None when unknown: cur/ is then listed once per call).
@@ -85,7 +87,7 @@ def remove_finished(mailbox: Mailbox, hints: Iterable[Hint], *, sync: bool = Tru
             result.deleted.append(message_id)
             continue
         except OSError as exc:
-            raise _storage_error(f"remove {message_id} in {mailbox.endpoint}", exc) from exc
+            raise storage_error(f"remove {message_id} in {mailbox.endpoint}", exc) from exc
         result.deleted.append(message_id)
         result.files += 1
         result.bytes += size

@@ -30,8 +30,10 @@ from ulid import ULID
 from sdk.errors import RelayError
 from sdk.subjects import is_valid
 from sdk.types import Budget, Envelope, default_budget
-from workers.maildir import Mailbox, fsync_dir, read_record
+from workers.fsio import fsync_dir
+from workers.maildir import Mailbox
 from workers.records import MessageRecord, State
+from workers.scan import read_record
 from workers.sqlite import open_db
 
 EXTERNAL_SENDER = "relay.external"

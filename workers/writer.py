@@ -8,7 +8,8 @@ program dropped into a ``new/`` (inotify); take everything that is queued, up to
 2. write every delivery's file into ``tmp/``, one ``syncfs``, rename each into ``new/``
    (``cur/`` when the router had a consumer waiting for it, ``failed/`` for a dead
    letter), one fsync per directory, which covers the renames of step 1 in ``cur/``
-   (workers.maildir.deliver_batch); the directories only step 1 touched are fsynced next;
+   (workers.group_commit.deliver_batch); the directories only step 1 touched are
+   fsynced next;
 3. ONE index transaction for all of the above;
 4. only then tell the router: a publish is acknowledged when it is durable.
 
@@ -45,8 +46,11 @@ from workers import ingest
 from workers import protocol as proto
 from workers.compaction import remove_finished
 from workers.faults import fault_point
+from workers.filenames import parse_name
+from workers.fsio import fsync_dirs
+from workers.group_commit import deliver_batch
 from workers.index import MessageIndex, rebuild_from_maildir
-from workers.maildir import Mailbox, deliver_batch, fsync_dirs, parse_name
+from workers.maildir import Mailbox
 from workers.process import run_until_stopped
 from workers.records import MessageRecord, State
 

@@ -1,0 +1,153 @@
+"""The `relay` command: the broker's processes and the operator's tools.
+
+Process commands run in the foreground: `relay router`, `relay writer --shard K
+--shards N` (one line each in the Procfile) and `relay up`, the whole group with a
+supervisor that restarts a crashed writer. Every other command talks to a running
+broker through the SDK; output is for people unless `--json` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from cli.auth import cmd_auth
+from cli.edges import cmd_http, cmd_mcp
+from cli.launch import cmd_ops, cmd_router, cmd_up, cmd_writer
+from cli.operator import (
+    cmd_config,
+    cmd_dlq,
+    cmd_endpoints,
+    cmd_pending,
+    cmd_publish,
+    cmd_rebuild_index,
+    cmd_rules,
+    cmd_signals,
+    cmd_status,
+    cmd_subscribe,
+    cmd_trace,
+)
+from sdk.errors import RelayError
+
+DEFAULT_SHARDS = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="relay", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--home", default=None, help="data directory (default $RELAY_HOME or ~/.dork/relay)"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(
+        name: str, func: Callable[[argparse.Namespace], int], help: str, client: bool = True
+    ) -> argparse.ArgumentParser:
+        p = commands.add_parser(name, help=help)
+        p.set_defaults(func=func)
+        if client:
+            p.add_argument("--json", action="store_true", help="machine-readable output")
+            p.add_argument("--address", default=None, help="router address (default: ipc in home)")
+            p.add_argument(
+                "--timeout", type=float, default=10.0, help="seconds to wait for replies"
+            )
+            p.add_argument(
+                "--key-file", help="tcp:// only: this client's .key_secret ($RELAY_KEY_FILE)"
+            )
+            p.add_argument(
+                "--server-key", help="tcp:// only: the broker's public key or server.key file"
+            )
+        return p
+
+    p = command("router", cmd_router, "run the router process", client=False)
+    p.add_argument("--shards", type=int, default=DEFAULT_SHARDS)
+    p.add_argument("--address", help="client socket, e.g. tcp://127.0.0.1:7400")
+    p.add_argument("--signals-address", help="signals (XPUB) socket, e.g. tcp://127.0.0.1:7401")
+    p = command("writer", cmd_writer, "run the writer of one shard", client=False)
+    p.add_argument("--shard", type=int, required=True)
+    p.add_argument("--shards", type=int, default=DEFAULT_SHARDS)
+    p = command("up", cmd_up, "run the router and all writers in the foreground", client=False)
+    p.add_argument("--shards", type=int, default=DEFAULT_SHARDS)
+    p.add_argument("--address")
+    p.add_argument("--signals-address")
+
+    p = command("publish", cmd_publish, "publish a message")
+    p.add_argument("subject")
+    p.add_argument("payload", help="JSON, or any text (sent as a string)")
+    p.add_argument("--from", dest="sender", required=True, help="sender subject")
+    p.add_argument("--reply-to")
+    p = command("subscribe", cmd_subscribe, "print messages as they arrive (and ack them)")
+    p.add_argument("pattern")
+    p.add_argument("--observe", action="store_true", help="watch only: no claim, no ack")
+    p.add_argument("--count", type=int, default=0, help="exit after N messages")
+    p = command("endpoints", cmd_endpoints, "list, register or unregister endpoints")
+    p.add_argument("action", nargs="?", default="list", choices=["list", "register", "unregister"])
+    p.add_argument("subject", nargs="?")
+    p = command("rules", cmd_rules, "list, add or remove access rules")
+    p.add_argument("action", nargs="?", default="list", choices=["list", "add", "remove"])
+    p.add_argument("from_pattern", nargs="?")
+    p.add_argument("to_pattern", nargs="?")
+    p.add_argument("rule_action", nargs="?", choices=["allow", "deny"], default="deny")
+    p.add_argument("--priority", type=int, default=0)
+    p = command("dlq", cmd_dlq, "list or purge dead letters")
+    p.add_argument("action", nargs="?", default="list", choices=["list", "purge"])
+    p.add_argument("--endpoint", help="endpoint subject or hash")
+    p.add_argument("--limit", type=int, default=100)
+    p = command("pending", cmd_pending, "claimed, unacknowledged messages of an endpoint")
+    p.add_argument("subject")
+    p.add_argument("--complete", nargs="+", metavar="ID")
+    p.add_argument("--fail", nargs="+", metavar="ID")
+    p.add_argument("--requeue", nargs="+", metavar="ID", help="return to new/")
+    p.add_argument("--reason", default="failed by operator")
+    command("status", cmd_status, "processes, endpoints and their depth")
+    p = command("trace", cmd_trace, "where a message went, and when")
+    p.add_argument("id")
+    p = command("signals", cmd_signals, "watch signals matching a pattern, or send one")
+    p.add_argument("pattern")
+    p.add_argument("--send", metavar="TYPE", help="send a signal of this type to the subject")
+    p.add_argument("--state", default="active")
+    p.add_argument("--from", dest="sender")
+    command("rebuild-index", cmd_rebuild_index, "rebuild the message index from the Maildir")
+    p = command("config", cmd_config, "show or change reliability settings")
+    p.add_argument("action", nargs="?", default="get", choices=["get", "set"])
+    p.add_argument("settings", nargs="*", metavar="section.key=value")
+    p = command("auth", cmd_auth, "who may connect and send as what (auth.json)", client=False)
+    p.add_argument(
+        "action",
+        nargs="?",
+        default="list",
+        choices=["list", "allow-uid", "add-key", "add-token", "remove", "server-key"],
+    )
+    p.add_argument("target", nargs="?", help="a uid, a key name, or what to remove")
+    p.add_argument("--sender", action="append", help="sender pattern it may use (repeat)")
+    p.add_argument(
+        "--consume",
+        action="append",
+        help="endpoint pattern whose messages it may receive (repeat; default: its senders)",
+    )
+    p.add_argument("--admin", action="store_true", help="may change config, rules, purge...")
+    p.add_argument("--name", help="a name for people (default: the key name or uid)")
+    p.add_argument("--dir", help="where add-key writes the certificate (default <home>/keys)")
+    p = command("mcp", cmd_mcp, "an MCP server: Relay's tools for one agent (stdio)")
+    p.add_argument("--as", dest="sender", required=True, help="the sender subject it acts as")
+    p.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP at /mcp instead")
+    p = command("http", cmd_http, "the HTTP + SSE gateway and the live console (docs/http.md)")
+    p.add_argument("--listen", default="127.0.0.1:7480", help="HOST:PORT (default 127.0.0.1:7480)")
+    p = command("ops", cmd_ops, "Spark jobs: compaction and metrics", client=False)
+    p.add_argument("ops_args", nargs=argparse.REMAINDER, help="compact|metrics [options]")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=os.environ.get("RELAY_LOG", "INFO"),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    try:
+        return args.func(args)
+    except RelayError as exc:
+        print(f"relay: {exc.code}: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,312 @@
+"""Operator commands: they talk to a running broker through the SDK (publish,
+subscribe, endpoints, rules, dlq, pending, status, trace, signals, rebuild-index,
+config); output is for people unless `--json` is given (cli/output.py)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from cli.output import emit, table
+from sdk.client import Client, connect
+from sdk.types import AccessRule, Envelope, Signal
+
+
+def client_from_args(args: argparse.Namespace) -> Client:
+    """The client the common options of a command that talks to the broker describe
+    (--address, --timeout, --key-file, --server-key; cli/main.py)."""
+    return connect(
+        args.home,
+        address=args.address,
+        timeout=args.timeout,
+        key_file=args.key_file,
+        server_key=args.server_key,
+    )
+
+
+def _payload(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # a plain string is a fine payload
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    with client_from_args(args) as client:
+        result = client.publish(
+            args.subject, _payload(args.payload), sender=args.sender, reply_to=args.reply_to
+        )
+    data = result.to_wire()
+    emit(
+        args,
+        data,
+        lambda d: (
+            f"{d['messageId']}: delivered to {d['deliveredTo']}"
+            + "".join(f"\n  rejected {h}: {r}" for h, r in d["rejected"])
+        ),
+    )
+    return 0
+
+
+def cmd_subscribe(args: argparse.Namespace) -> int:
+    done = threading.Event()
+    seen = 0
+
+    def show(envelope: Envelope) -> None:
+        nonlocal seen
+        if args.json:
+            print(json.dumps(envelope.to_wire()), flush=True)
+        else:
+            print(
+                f"{envelope.id} {envelope.subject} from {envelope.sender}: "
+                f"{json.dumps(envelope.payload)}",
+                flush=True,
+            )
+        seen += 1
+        if args.count and seen >= args.count:
+            done.set()
+
+    with client_from_args(args) as client:
+        subscribe = client.observe if args.observe else client.subscribe
+        subscribe(args.pattern, show)
+        signal.signal(signal.SIGTERM, lambda *_: done.set())
+        with contextlib.suppress(KeyboardInterrupt):
+            done.wait()
+    return 0
+
+
+def cmd_endpoints(args: argparse.Namespace) -> int:
+    with client_from_args(args) as client:
+        if args.action == "register":
+            info = client.register_endpoint(args.subject).to_wire()
+            emit(args, info, lambda d: f"{d['subject']} -> {d['maildirPath']}")
+        elif args.action == "unregister":
+            removed = client.unregister_endpoint(args.subject)
+            emit(
+                args,
+                {"removed": removed},
+                lambda d: "unregistered (mail kept)" if removed else "not registered",
+            )
+        else:
+            rows = client.status()["endpoints"]
+            emit(
+                args,
+                rows,
+                lambda rs: table(
+                    [(r["subject"], r["hash"], r["depth"]) for r in rs],
+                    ("SUBJECT", "HASH", "WAITING"),
+                ),
+            )
+    return 0
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    with client_from_args(args) as client:
+        if args.action == "add":
+            rule = AccessRule.from_wire(
+                {
+                    "from": args.from_pattern,
+                    "to": args.to_pattern,
+                    "action": args.rule_action,
+                    "priority": args.priority,
+                }
+            )
+            emit(args, client.add_rule(rule).to_wire(), lambda d: f"added {d}")
+        elif args.action == "remove":
+            removed = client.remove_rule(args.from_pattern, args.to_pattern)
+            emit(args, {"removed": removed}, lambda d: "removed" if removed else "no such rule")
+        else:
+            rules = [r.to_wire() for r in client.list_rules()]
+            emit(
+                args,
+                rules,
+                lambda rs: table(
+                    [(r["priority"], r["action"], r["from"], r["to"]) for r in rs],
+                    ("PRIORITY", "ACTION", "FROM", "TO"),
+                ),
+            )
+    return 0
+
+
+def _letters_table(items: list[dict[str, Any]]) -> str:
+    return table(
+        [(i["id"], i["endpoint"], i["subject"], i["from"], i["code"], i["reason"]) for i in items],
+        ("ID", "ENDPOINT", "SUBJECT", "FROM", "CODE", "REASON"),
+    )
+
+
+def cmd_dlq(args: argparse.Namespace) -> int:
+    with client_from_args(args) as client:
+        if args.action == "purge":
+            purged = client.purge_dead_letters(args.endpoint)
+            emit(args, {"purged": purged}, lambda d: f"purged {purged} dead letters")
+        else:
+            items = client.dead_letters(args.endpoint, limit=args.limit)
+            emit(args, items, _letters_table)
+    return 0
+
+
+def cmd_pending(args: argparse.Namespace) -> int:
+    with client_from_args(args) as client:
+        if args.complete or args.fail or args.requeue:
+            info = client.status()["endpoints"]
+            endpoint = next((e["hash"] for e in info if e["subject"] == args.subject), None)
+            if endpoint is None:
+                print(f"endpoint {args.subject} is not registered", file=sys.stderr)
+                return 1
+            for message_id in args.complete or []:
+                client.complete(message_id, endpoint)
+            for message_id in args.fail or []:
+                client.fail(message_id, endpoint, args.reason)
+            for message_id in args.requeue or []:
+                client.requeue(message_id, endpoint)
+            emit(
+                args,
+                {
+                    "completed": args.complete or [],
+                    "failed": args.fail or [],
+                    "requeued": args.requeue or [],
+                },
+                lambda d: "ok",
+            )
+            return 0
+        items = client.pending(args.subject)
+        emit(
+            args,
+            items,
+            lambda its: table(
+                [(i["id"], i["from"], i["claimedAt"]) for i in its], ("ID", "FROM", "CLAIMED AT")
+            ),
+        )
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with client_from_args(args) as client:
+        status = client.status()
+
+    def human(s: dict[str, Any]) -> str:
+        writers = ", ".join(
+            f"shard {w['shard']}: " + (f"pid {w['pid']}" if w["pid"] else w.get("state", "down"))
+            for w in s["writers"]
+        )
+        lines = [
+            f"router pid {s['router']['pid']} on {s['router']['address']}",
+            f"writers: {writers}",
+            f"clients {s['clients']}, subscriptions {s['subscriptions']}, "
+            f"requests waiting on writers {s['pendingRequests']}",
+        ]
+        lines += [f"{name} REFUSED: {why}" for name, why in s.get("fileErrors", {}).items()]
+        rows = [
+            (e["subject"], e["hash"], e["depth"], f"{e['pressure']:.0%}", e["breaker"]["state"])
+            for e in s["endpoints"]
+        ]
+        lines.append(table(rows, ("ENDPOINT", "HASH", "WAITING", "PRESSURE", "BREAKER")))
+        return "\n".join(lines)
+
+    emit(args, status, human)
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    with client_from_args(args) as client:
+        trace = client.trace(args.id)
+
+    def human(t: dict[str, Any]) -> str:
+        if not t["copies"]:
+            return f"{t['id']}: no copy found"
+        return table(
+            [
+                (
+                    c["endpoint"],
+                    c["subject"],
+                    c["state"],
+                    c["createdAt"],
+                    c["storedAt"],
+                    c["claimedAt"],
+                    c["finishedAt"],
+                    c["reason"],
+                )
+                for c in t["copies"]
+            ],
+            ("ENDPOINT", "SUBJECT", "STATE", "CREATED", "STORED", "CLAIMED", "FINISHED", "REASON"),
+        )
+
+    emit(args, trace, human)
+    return 0
+
+
+def cmd_signals(args: argparse.Namespace) -> int:
+    with client_from_args(args) as client:
+        if args.send:
+            body = {
+                "type": args.send,
+                "state": args.state,
+                "endpointSubject": args.pattern,
+                "timestamp": int(time.time() * 1000),
+            }
+            client.signal(args.pattern, Signal.from_wire(body), sender=args.sender)
+            return 0
+        done = threading.Event()
+
+        def show(subject: str, sig: Signal) -> None:
+            if args.json:
+                print(json.dumps({"subject": subject, **sig.to_wire()}), flush=True)
+            else:
+                print(f"{subject} {sig.type} {sig.state} {json.dumps(sig.data)}", flush=True)
+
+        client.on_signal(args.pattern, show)
+        with contextlib.suppress(KeyboardInterrupt):
+            done.wait()
+    return 0
+
+
+def cmd_rebuild_index(args: argparse.Namespace) -> int:
+    with client_from_args(args) as client:
+        count = client.rebuild_index()
+    emit(args, {"messages": count}, lambda d: f"index rebuilt from the Maildir: {count} messages")
+    return 0
+
+
+def _put_setting(partial: dict[str, Any], item: str) -> bool:
+    """Add one ``section.key=value`` to ``partial``; False if ``item`` is not one."""
+    key, _, value = item.partition("=")
+    # Every dot nests, so the seeds' reliability.rateLimit.maxPerWindow works as well as
+    # rateLimit.maxPerWindow (broker/config.py, RELIABILITY).
+    path = key.split(".")
+    *sections, name = path
+    if not sections or not all(path):
+        return False
+    for section in sections:
+        partial = partial.setdefault(section, {})
+        if not isinstance(partial, dict):  # a.b=1 a.b.c=2: b cannot be both
+            return False
+    partial[name] = _payload(value)
+    return True
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    with client_from_args(args) as client:
+        if args.action == "set":
+            partial: dict[str, Any] = {}
+            for item in args.settings:
+                if not _put_setting(partial, item):
+                    print(f"expected section.key=value, got {item!r}", file=sys.stderr)
+                    return 2
+            config = client.set_config(partial)
+        else:
+            config = client.get_config()
+    emit(
+        args,
+        config,
+        lambda c: "\n".join(
+            f"{s}.{k} = {json.dumps(v)}" for s, vs in c.items() for k, v in vs.items()
+        ),
+    )
+    return 0

@@ -1,0 +1,163 @@
+"""Dead letters: moving a message (`Mailbox.fail`), or a file in new/ that is not one
+(`Mailbox.quarantine`), into failed/ with its reason; purging failed/.
+
+Order of writes, and what a crash between two steps leaves behind (the conventions of
+workers/maildir.py):
+
+fail (and quarantine): write the dead letter, then remove the original
+    1. read the original from new/ or cur/ (claimed)
+    2. write ``tmp/<id>.<pid>`` = envelope + "deadLetter", mtime copied from the
+       original (before the fsync)                           [maildir.fail.after_tmp_write]
+    3. rename to ``failed/<id>``, fsync failed/              [maildir.fail.after_failed_written]
+    4. unlink the original                                   [maildir.fail.after_unlink]
+       and fsync its directory
+    - crash before 3: a stale tmp file (removed by `recover`); the message is unchanged.
+    - crash between 3 and 4: the message is in failed/ AND in new/ or cur/. `recover`
+      removes the non-failed copy: the failure was decided and is on disk.
+    - after 4: failed only.
+
+purge_failed (operator request): unlink each failed/<id>, then fsync failed/. A crash
+    part-way leaves some dead letters; the request can be repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from sdk.errors import MessageNotFound
+from sdk.ids import is_id, new_id
+from workers.faults import fault_point
+from workers.fsio import OPEN_READ, fsync_dir, read_fd, storage_error, store_file
+
+if TYPE_CHECKING:
+    from workers.maildir import Mailbox
+
+log = logging.getLogger("relay.maildir")
+
+# Fault points, in the order `move_to_failed` reaches them (see the module docstring).
+FAIL_AFTER_TMP_WRITE = "maildir.fail.after_tmp_write"
+FAIL_AFTER_FAILED_WRITTEN = "maildir.fail.after_failed_written"
+FAIL_AFTER_UNLINK = "maildir.fail.after_unlink"
+
+
+def quarantine(mailbox: Mailbox, name: str, reason: str, code: str, now_ms: int) -> str:
+    """Dead-letter a file in new/ that is not a valid envelope (see `iter_records`).
+
+    The dead letter is ``{"id", "raw", "originalName", "deadLetter"}`` with the
+    original bytes as text in "raw". Its id is the file name when that is a free
+    message id, else a new one. Returns the id.
+    """
+    message_id = name
+    if not is_id(name) or os.path.exists(f"{mailbox.failed_dir}/{name}"):
+        message_id = new_id(now_ms)
+    move_to_failed(
+        mailbox, mailbox.new_dir, name, message_id, reason, code, now_ms, keep_envelope=False
+    )
+    return message_id
+
+
+def move_to_failed(
+    mailbox: Mailbox,
+    source_dir: str,
+    name: str,
+    message_id: str,
+    reason: str,
+    code: str,
+    now_ms: int,
+    *,
+    keep_envelope: bool,
+) -> int:
+    """Write ``failed/<message_id>`` from ``<source_dir>/<name>`` with a "deadLetter",
+    then remove the original; returns the dead letter's size in bytes.
+
+    With ``keep_envelope`` the original's JSON object gets the "deadLetter" field;
+    otherwise (or when it is not a JSON object) its bytes are kept as text in "raw".
+    """
+    source = f"{source_dir}/{name}"
+    what = f"fail {message_id} in {mailbox.endpoint}"
+    try:
+        fd = os.open(source, OPEN_READ)
+        try:
+            st = os.fstat(fd)
+            raw = read_fd(fd, st.st_size)
+        finally:
+            os.close(fd)
+    except FileNotFoundError:
+        raise MessageNotFound(f"no message {message_id} in {mailbox.endpoint}") from None
+    except OSError as exc:
+        raise storage_error(what, exc) from exc
+    dead_letter = {
+        "reason": reason,
+        "code": code,
+        "failedAt": now_ms,
+        "endpoint": mailbox.endpoint,
+    }
+    envelope = None
+    if keep_envelope:
+        try:
+            envelope = json.loads(raw)
+        except ValueError:
+            envelope = None
+    if isinstance(envelope, dict):
+        envelope["deadLetter"] = dead_letter
+    else:
+        envelope = {
+            "id": message_id,
+            "raw": raw.decode("utf-8", "replace"),
+            "originalName": name,
+            "deadLetter": dead_letter,
+        }
+    data = json.dumps(envelope, ensure_ascii=False, separators=(",", ":")).encode()
+    store_file(
+        mailbox.tmp_dir,
+        mailbox.failed_dir,
+        message_id,
+        data,
+        f"fail {message_id} to {mailbox.endpoint}",
+        (FAIL_AFTER_TMP_WRITE, "", ""),
+        mtime_ns=st.st_mtime_ns,
+    )
+    fault_point(FAIL_AFTER_FAILED_WRITTEN)
+    try:
+        os.unlink(source)
+        fault_point(FAIL_AFTER_UNLINK)
+        fsync_dir(source_dir)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        # failed/<id> is durable; recover() drops the original at the next start.
+        log.warning("%s: could not remove the original %s: %s", what, source, exc)
+    return len(data)
+
+
+def purge_failed(mailbox: Mailbox) -> list[str]:
+    """Delete every dead letter of ``mailbox``; returns the ids removed.
+
+    An operator's request, off the hot path (deletes are slow to recover from on this
+    ext4, see workers/maildir.py). Files in failed/ whose name is not a message id are
+    left for a person to look at.
+    """
+    try:
+        names = os.listdir(mailbox.failed_dir)
+    except FileNotFoundError:
+        return []
+    removed = []
+    for name in sorted(names):
+        if len(name) != 26 or not is_id(name):
+            continue
+        try:
+            os.unlink(f"{mailbox.failed_dir}/{name}")
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise storage_error(f"purge {name} in {mailbox.endpoint}", exc) from exc
+        removed.append(name)
+    if removed:
+        try:
+            fsync_dir(mailbox.failed_dir)
+        except OSError as exc:
+            raise storage_error(f"purge dead letters of {mailbox.endpoint}", exc) from exc
+    return removed

@@ -1,0 +1,87 @@
+"""Message file names and what they say (docs/architecture.md, "File names and
+states"): ``<id>[,C=<claimed ms>][,D=<done ms>][:2,<flags>]``, the state a name means in
+its directory, and which state wins when one id has several files.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+from sdk.errors import InvalidMessage
+from sdk.ids import is_id
+from workers.records import State
+
+
+class FileName(NamedTuple):
+    """A parsed message file name. ``flags`` is None when the name has no ``:2,`` part."""
+
+    id: str
+    claimed_at: int | None = None
+    done_at: int | None = None
+    flags: str | None = None
+
+
+_FIELD_RE = re.compile(r"^([A-Za-z]+)=(\d+)$")
+
+
+def parse_name(name: str) -> FileName:
+    """Split ``<id>[,K=V...][:2,<flags>]`` into its parts; InvalidMessage if it is not one.
+
+    Fields other than C= (claimed ms) and D= (done ms) are kept out of the result but
+    accepted, so a Dovecot-style ``,S=<size>`` written by another tool does not hide a file.
+    """
+    if len(name) == 26:  # the common case, new/<id> and failed/<id>
+        if is_id(name):
+            return FileName(name)
+        raise InvalidMessage(f"file name {name!r} is not a message id")
+    base, sep, flags = name.partition(":2,")
+    if not sep and ":" in name:
+        raise InvalidMessage(f"file name {name!r} has an unknown info part")
+    message_id, *fields = base.split(",")
+    if not is_id(message_id):
+        raise InvalidMessage(f"file name {name!r} does not start with a message id")
+    claimed_at = done_at = None
+    for field in fields:
+        match = _FIELD_RE.match(field)
+        if match is None:
+            raise InvalidMessage(f"file name {name!r} has a malformed field {field!r}")
+        key, value = match.group(1), int(match.group(2))
+        if key == "C":
+            claimed_at = value
+        elif key == "D":
+            done_at = value
+    return FileName(message_id, claimed_at, done_at, flags if sep else None)
+
+
+def format_name(
+    message_id: str,
+    claimed_at: int | None = None,
+    done_at: int | None = None,
+    flags: str | None = None,
+) -> str:
+    """The inverse of `parse_name` (for the fields Relay writes)."""
+    name = message_id
+    if claimed_at is not None:
+        name += f",C={claimed_at}"
+    if done_at is not None:
+        name += f",D={done_at}"
+    if flags is not None:
+        name += ":2," + flags
+    return name
+
+
+def state_of(subdir: str, parsed: FileName) -> State:
+    """The state of a file named ``parsed`` in ``subdir`` ("new", "cur" or "failed")."""
+    if subdir == "new":
+        return State.NEW
+    if subdir == "failed":
+        return State.FAILED
+    return State.DONE if parsed.flags and "S" in parsed.flags else State.CLAIMED
+
+
+# Precedence when one id has several files (a crash inside fail, or a power cut that
+# undid half a rename): keep the most advanced state.
+STATE_RANK = {State.NEW: 0, State.CLAIMED: 1, State.DONE: 2, State.FAILED: 3}
