@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOME_DIR ?= $(or $(RELAY_HOME),$(HOME)/.dork/relay)
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench install clean clients soak soak-ledger
+.PHONY: run test lint bench install clean clients browser soak soak-ledger
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,7 +22,11 @@ run: $(STAMP)
 clients:
 	sh clients/setup.sh
 
-test: $(STAMP) clients
+# Debian's chromium, which the console's browser test drives (edges/setup-browser.sh).
+browser:
+	sh edges/setup-browser.sh
+
+test: $(STAMP) clients browser
 	$(BIN)/pytest -n auto --dist loadfile
 
 # The model test of delivery for long (docs/testing.md): DURATION seconds (default 600)

@@ -1,6 +1,6 @@
 """`python -m bench` (`make bench`): every bench module, one table, one JSON file.
 
-    python -m bench [--only subjects|storage|broker|ops|nats|soak|mcp|federation] [--rounds N]
+    python -m bench [--only subjects|storage|broker|ops|nats|soak|mcp|http|federation] [--rounds N]
                     [--soak-seconds S]
 
 Prints one table (metric, Relay, unit, ceiling, ratio, goal, met) and writes the same
@@ -31,6 +31,7 @@ MODULES = {
     "ops": "bench.bench_ops",
     "soak": "bench.bench_soak",
     "mcp": "bench.bench_mcp",
+    "http": "bench.bench_http",  # the gateway beside the SDK (edges/http)
     "federation": "bench.bench_federation",
 }
 RESULTS = Path(__file__).parent / "results"

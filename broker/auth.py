@@ -16,6 +16,10 @@ The policy comes from ``auth.json`` in the data directory::
                                     "admin": false}}
     }
 
+A key's entry may also hold ``"tokens": ["sha256:<64 hex>"]``, the hashes of HTTP bearer
+tokens that the gateway (edges/http) honours by connecting with that key; the router
+itself only checks their shape.
+
 ``consumes`` (default: the ``senders`` patterns) bounds the endpoints whose messages an
 identity may receive: subscribe to (consume or observe), list as pending, read as dead
 letters. The uid that owns the data directory (the owner) is always admitted, with every
@@ -118,7 +122,7 @@ class AuthPolicy:
             for raw, entry in _object(data.get("uids", {}), "uids").items()
         }
         keys = {
-            _key(raw, f"keys.{raw}"): _identity(entry, f"keys.{raw}")
+            _key(raw, f"keys.{raw}"): _identity(entry, f"keys.{raw}", tokens=True)
             for raw, entry in _object(data.get("keys", {}), "keys").items()
         }
         return cls(owner_uid, uids, keys)
@@ -162,9 +166,16 @@ def _key(raw: str, path: str) -> str:
     return raw
 
 
-def _identity(entry: Any, path: str) -> Identity:
+def _identity(entry: Any, path: str, *, tokens: bool = False) -> Identity:
     entry = _object(entry, path)
-    unknown = set(entry) - {"name", "senders", "consumes", "admin", "relays"}
+    unknown = set(entry) - {
+        "name",
+        "senders",
+        "consumes",
+        "admin",
+        "relays",
+        *(["tokens"] if tokens else []),
+    }
     if unknown:
         raise InvalidConfig(f"{AUTH_FILE}: {path}: unknown field(s) {sorted(unknown)}")
     name = entry.get("name", path)
@@ -177,6 +188,8 @@ def _identity(entry: Any, path: str) -> Identity:
     consumes = entry.get("consumes")
     if consumes is not None:
         consumes = _patterns(consumes, f"{path}.consumes")
+    if "tokens" in entry:
+        _token_hashes(entry["tokens"], f"{path}.tokens")
     relays = entry.get("relays")
     if relays is not None:
         relays = {
@@ -184,6 +197,16 @@ def _identity(entry: Any, path: str) -> Identity:
             for node, patterns in _object(relays, f"{path}.relays").items()
         }
     return Identity(name, senders, admin, consumes, relays and MappingProxyType(relays))
+
+
+def _token_hashes(value: Any, path: str) -> None:
+    """HTTP bearer tokens are kept as ``sha256:<64 lower-case hex>`` (edges/http)."""
+    hexdigits = set("0123456789abcdef")
+    if not isinstance(value, list) or not all(
+        isinstance(t, str) and t.startswith("sha256:") and len(t) == 71 and set(t[7:]) <= hexdigits
+        for t in value
+    ):
+        raise InvalidConfig(f"{AUTH_FILE}: {path} must be a list of 'sha256:<64 hex>' strings")
 
 
 def _patterns(value: Any, path: str) -> tuple[str, ...]:

@@ -31,23 +31,31 @@ def cmd_auth(args: argparse.Namespace) -> int:
     entry = {"name": args.name, "senders": args.sender or [], "admin": args.admin}
     if args.consume:
         entry["consumes"] = args.consume
-    if args.action in ("allow-uid", "add-key", "remove") and not args.target:
+    if args.action in ("allow-uid", "add-key", "add-token", "remove") and not args.target:
         print(f"relay auth {args.action}: which uid, key name or key?", file=sys.stderr)
         return 2
-    if args.action in ("allow-uid", "add-key") and not args.sender:
+    if args.action in ("allow-uid", "add-key", "add-token") and not args.sender:
         print("relay auth: give at least one --sender pattern", file=sys.stderr)
         return 2
     if args.action == "allow-uid":
         uids[args.target] = {**entry, "name": args.name or f"uid {args.target}"}
-    elif args.action == "add-key":
-        directory = Path(args.dir) if args.dir else home.keys
+    elif args.action in ("add-key", "add-token"):
+        # A token's key stays in <home>/keys: the HTTP gateway connects with it.
+        directory = Path(args.dir) if args.dir and args.action == "add-key" else home.keys
         if (directory / f"{args.target}.key_secret").exists():
             print(f"relay auth: {directory}/{args.target}.key_secret exists", file=sys.stderr)
             return 2
         public_file, secret_file = create_certificate(directory, args.target)
         public = load_public(public_file).decode()
         keys[public] = {**entry, "name": args.name or args.target}
-        print(f"client certificate: {secret_file} (give it to the client, keep it secret)")
+        if args.action == "add-token":
+            from edges.http.credentials import new_token, token_hash
+
+            token = new_token()
+            keys[public]["tokens"] = [token_hash(token)]
+            print(f"HTTP bearer token (shown once; auth.json keeps its hash): {token}")
+        else:
+            print(f"client certificate: {secret_file} (give it to the client, keep it secret)")
     elif args.action == "remove":
         gone = [k for k, v in keys.items() if args.target in (k, v.get("name"))]
         gone_uids = [u for u, v in uids.items() if args.target in (u, v.get("name"))]

@@ -1,12 +1,15 @@
 """Commands that run an edge: a process that speaks to the world outside in another
-protocol and is an SDK client of the router (DESIGN.md, "Edges"): `relay mcp`, and
-`relay bridge`, the link to other hosts over NATS JetStream (docs/federation.md)."""
+protocol and is an SDK client of the router (DESIGN.md, "Edges"): `relay mcp`,
+`relay http`, and `relay bridge`, the link to other hosts over NATS JetStream
+(docs/federation.md)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from cli.operator import client_from_args
+from sdk.paths import Home
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
@@ -15,6 +18,25 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     with client_from_args(args) as client:
         serve(client, args.sender, http=args.http)
     return 0
+
+
+def cmd_http(args: argparse.Namespace) -> int:
+    try:
+        from edges.http.app import serve
+    except ImportError as exc:  # starlette, uvicorn: the `edges` extra
+        print(
+            f"relay http: {exc}; install the edges extra: pip install -e '.[edges]'",
+            file=sys.stderr,
+        )
+        return 2
+    return serve(
+        Home(args.home).create(),
+        args.listen,
+        address=args.address,
+        key_file=args.key_file,
+        server_key=args.server_key,
+        timeout=args.timeout,
+    )
 
 
 def cmd_bridge(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from cli.auth import cmd_auth
-from cli.edges import cmd_bridge, cmd_mcp
+from cli.edges import cmd_bridge, cmd_http, cmd_mcp
 from cli.launch import cmd_ops, cmd_router, cmd_up, cmd_writer
 from cli.operator import (
     cmd_config,
@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
         "action",
         nargs="?",
         default="list",
-        choices=["list", "allow-uid", "add-key", "remove", "server-key"],
+        choices=["list", "allow-uid", "add-key", "add-token", "remove", "server-key"],
     )
     p.add_argument("target", nargs="?", help="a uid, a key name, or what to remove")
     p.add_argument("--sender", action="append", help="sender pattern it may use (repeat)")
@@ -133,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("mcp", cmd_mcp, "an MCP server: Relay's tools for one agent (stdio)")
     p.add_argument("--as", dest="sender", required=True, help="the sender subject it acts as")
     p.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP at /mcp instead")
+    p = command("http", cmd_http, "the HTTP + SSE gateway and the live console (docs/http.md)")
+    p.add_argument("--listen", default="127.0.0.1:7480", help="HOST:PORT (default 127.0.0.1:7480)")
     p = command("bridge", cmd_bridge, "federation: this host's link to others over NATS")
     p.add_argument("--nats", required=True, metavar="URL[,URL...]", help="NATS servers")
     p.add_argument("--node", required=True, help="this host's node name (one subject token)")

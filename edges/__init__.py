@@ -2,5 +2,6 @@
 
 Each edge is a client of the router through the SDK, in its own process, never a
 second router (docs/architecture.md, DESIGN "Edges"): `relay mcp` (edges.mcp_server)
-serves agents over the Model Context Protocol.
+serves agents over the Model Context Protocol; `relay http` (edges.http) serves REST,
+server-sent events and the live console.
 """

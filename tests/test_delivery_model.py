@@ -373,3 +373,19 @@ test_the_ledger_keeps_its_promises_against_a_model = LedgerMachine.TestCase
 
 def teardown_module() -> None:
     print(f"\nledger model: {STEPS['sequences']} sequences, {STEPS['steps']} steps")
+
+
+def test_a_claim_a_full_writer_refused_goes_to_a_consumer_with_credit():
+    """Found by the model: a claim a full writer did not take gave its credit back to
+    the one subscription it was for, and only that one was offered the message again;
+    when its client left first, a message waited while another consumer had credit."""
+    machine = LedgerMachine()
+    machine.publish(count=1, target_="m.b.e2")
+    for client in (b"c0", b"c0", b"c1"):
+        machine.subscribe(client=client, credit=1, pattern="m.b.e2")
+    machine.writer_dies(done=1, late=False, shard=0)
+    machine.writer_queue_full(full=True, shard=0)
+    machine.writer_starts(shard=0)  # the claim goes to one of c0's, and is refused
+    machine.client_vanishes(client=b"c0")
+    machine.teardown()  # c1's subscription has the message; nothing stalls
+    assert list(machine.handed.values()) == [3]

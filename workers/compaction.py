@@ -24,13 +24,15 @@ Order of writes, and what a crash between two of them leaves
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from sdk.errors import InvalidMessage
 from workers.filenames import parse_name
 from workers.fsio import fsync_dirs, storage_error
 from workers.maildir import Mailbox
+from workers.records import MessageRecord
 
 # A hint per message: (id, claimed_at, done_at) from the index, used to name a done file
 # without listing cur/ (None when unknown: cur/ is then listed once per call).
@@ -117,3 +119,49 @@ def _list_cur(cur_dir: str) -> tuple[dict[str, str], set[str]]:
         else:
             claimed.add(parsed.id)
     return done, claimed
+
+
+class _IndexRows(Protocol):
+    """The index as `remove_archived` uses it: a row's claim and finish times."""
+
+    def lookup(self, message_id: str, endpoint: str) -> MessageRecord | None: ...
+
+
+class _Deletions(Protocol):
+    """Where `remove_archived` records what the commit must do after the unlinks."""
+
+    dirs: set[str]
+    deletes: list[tuple[str, str]]
+
+
+def remove_archived(
+    mailboxes: Mapping[str, Mailbox],
+    index: _IndexRows,
+    items: Iterable[Sequence[str]],
+    changes: _Deletions,
+) -> dict[str, int]:
+    """The writer's ``compact_remove``: remove the archived ``[id, endpoint]`` copies of
+    its mailboxes (finished ones only), noting the directories to fsync and the index
+    rows to delete in ``changes``; totals as the router reports them."""
+    by_endpoint: dict[str, list[str]] = {}
+    for message_id, endpoint in items:
+        by_endpoint.setdefault(endpoint, []).append(message_id)
+    result = {"removed": 0, "files": 0, "bytes": 0, "skipped": 0}
+    for endpoint, ids in by_endpoint.items():
+        mailbox = mailboxes.get(endpoint)
+        if mailbox is None:
+            result["skipped"] += len(ids)
+            continue
+        hints = []
+        for message_id in ids:
+            row = index.lookup(message_id, endpoint)
+            claimed_at, done_at = (row.claimed_at, row.finished_at) if row else (None, None)
+            hints.append((message_id, claimed_at, done_at))
+        removed = remove_finished(mailbox, hints, sync=False)
+        changes.dirs.update(removed.dirs)  # fsynced before the index rows go
+        changes.deletes.extend((message_id, endpoint) for message_id in removed.deleted)
+        result["removed"] += len(removed.deleted)
+        result["files"] += removed.files
+        result["bytes"] += removed.bytes
+        result["skipped"] += removed.skipped
+    return result

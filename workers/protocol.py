@@ -206,6 +206,19 @@ def decode(frames: list[bytes]) -> tuple[bytes, Any, bytes | None]:
     return kind, (record(*raw) if record is not None else raw), data
 
 
+def as_failed(frames: list[bytes], error: tuple[str, str]) -> list[bytes]:
+    """A report of success turned into one of failure (``error``: code, message), for
+    a writer whose index transaction did not commit after all."""
+    kind, header, _data = decode(frames)
+    if kind == STORED:
+        return stored([s.failed(*error) if s.stored_at is not None else s for s in header])
+    if kind == CLAIMED:
+        return claimed(header.sub, header.id, header.endpoint, b"", error)
+    if kind == REPLY:
+        return reply(header.token, False, {"code": error[0], "message": error[1]})
+    return frames
+
+
 def decode_deliveries(frames: list[bytes]) -> list[tuple[DeliveryHeader, bytes]]:
     # Not wire.unpackb: its limits are the client protocol's, and a file may be larger
     # than any request (a payload's JSON can be longer than its msgpack).

@@ -44,12 +44,12 @@ from sdk.paths import UNROUTABLE, Home, is_mailbox_name, shard_of
 from sdk.sockets import send_parts
 from workers import ingest
 from workers import protocol as proto
-from workers.compaction import remove_finished
+from workers.compaction import remove_archived
 from workers.faults import fault_point
 from workers.filenames import parse_name
-from workers.fsio import fsync_dirs
 from workers.group_commit import deliver_batch
 from workers.index import MessageIndex, rebuild_from_maildir
+from workers.index_changes import IndexChanges
 from workers.maildir import Mailbox
 from workers.process import run_until_stopped
 from workers.records import MessageRecord, State
@@ -231,7 +231,8 @@ class Writer:
             changes.commit(self.index)
         except Exception as exc:
             log.exception("index transaction (or directory fsync) failed")
-            outbox = [_failed_outbox(frames, exc) for frames in outbox]
+            error = ("storage_error", f"index update failed: {exc}")
+            outbox = [proto.as_failed(frames, error) for frames in outbox]
             self._unclaim(stored_claimed)
         for frames in outbox:
             send_parts(self.results, frames, copy=False)
@@ -357,30 +358,10 @@ class Writer:
         raise UnknownOperation(f"writer has no operation {name!r}")
 
     def _compact_remove(self, args: dict[str, Any], changes: IndexChanges) -> dict[str, Any]:
-        """Ops compaction archived these (id, endpoint) copies: delete their files (done or
-        failed only; workers/compaction.py) and index rows; then, when asked, checkpoint
-        the index and vacuum it past ``vacuumPages`` free pages (docs/ops.md)."""
-        by_endpoint: dict[str, list[str]] = {}
-        for message_id, endpoint in args.get("items") or ():
-            by_endpoint.setdefault(endpoint, []).append(message_id)
-        result: dict[str, Any] = {"removed": 0, "files": 0, "bytes": 0, "skipped": 0}
-        for endpoint, ids in by_endpoint.items():
-            mailbox = self.mailboxes.get(endpoint)
-            if mailbox is None:
-                result["skipped"] += len(ids)
-                continue
-            hints = []
-            for message_id in ids:
-                row = self.index.lookup(message_id, endpoint)
-                claimed_at, done_at = (row.claimed_at, row.finished_at) if row else (None, None)
-                hints.append((message_id, claimed_at, done_at))
-            removed = remove_finished(mailbox, hints, sync=False)
-            changes.dirs.update(removed.dirs)  # fsynced before the index rows go
-            changes.deletes.extend((message_id, endpoint) for message_id in removed.deleted)
-            result["removed"] += len(removed.deleted)
-            result["files"] += removed.files
-            result["bytes"] += removed.bytes
-            result["skipped"] += removed.skipped
+        """Ops compaction archived these (id, endpoint) copies: delete their files and
+        index rows; then, when asked, checkpoint the index and vacuum it past
+        ``vacuumPages`` free pages (docs/ops.md)."""
+        result = remove_archived(self.mailboxes, self.index, args.get("items") or (), changes)
         if args.get("checkpoint"):
             changes.commit(self.index)  # the deletes first
             result["index"] = self.index.compact_storage(int(args.get("vacuumPages") or 0))
@@ -466,41 +447,6 @@ class Writer:
         return self._subjects.get(endpoint)
 
 
-class IndexChanges:
-    """The index rows one group commit changes, written in one transaction."""
-
-    def __init__(self) -> None:
-        self._clear()
-
-    def _clear(self) -> None:
-        """Empty, ready for the next commit (a commit may happen mid-batch, see rebuild)."""
-        self.inserts: list[MessageRecord] = []
-        self.claims: list[tuple[str, str, int]] = []
-        self.dones: list[tuple[str, str, int]] = []
-        self.fails: list[tuple[str, str, int, str, str, int]] = []
-        self.requeues: list[tuple[str, str]] = []
-        self.deletes: list[tuple[str, str]] = []
-        # cur/ directories whose renames (claims, completions) this commit made: each is
-        # fsynced once, before anyone hears of them, instead of once per message (the
-        # consume path's cost; bench_broker "publish -> handler").
-        self.dirs: set[str] = set()
-        self.synced: set[str] = set()  # of those, fsynced since their renames already
-        self.stored_claimed: list[tuple[str, str]] = []  # (endpoint, id) stored into cur/
-
-    def commit(self, index: MessageIndex) -> None:
-        fsync_dirs(sorted(self.dirs - self.synced))
-        if any((self.inserts, self.claims, self.dones, self.fails, self.requeues, self.deletes)):
-            index.write(
-                inserts=self.inserts,
-                claims=self.claims,
-                dones=self.dones,
-                fails=self.fails,
-                requeues=self.requeues,
-                deletes=self.deletes,
-            )
-        self._clear()
-
-
 _STORED_STATE = {
     proto.TARGET_NEW: State.NEW,
     proto.TARGET_CUR: State.CLAIMED,
@@ -510,19 +456,6 @@ _STORED_STATE = {
 
 def _claimed_at(name: str) -> int:
     return parse_name(name).claimed_at
-
-
-def _failed_outbox(frames: list[bytes], exc: Exception) -> list[bytes]:
-    """Turn a success report into a failure when the index transaction did not commit."""
-    kind, header, _data = proto.decode(frames)
-    error = ("storage_error", f"index update failed: {exc}")
-    if kind == proto.STORED:
-        return proto.stored([s.failed(*error) if s.stored_at is not None else s for s in header])
-    if kind == proto.CLAIMED:
-        return proto.claimed(header.sub, header.id, header.endpoint, b"", error)
-    if kind == proto.REPLY:
-        return proto.reply(header.token, False, {"code": error[0], "message": error[1]})
-    return frames
 
 
 def main(home: Home, shard: int, shards: int) -> int:

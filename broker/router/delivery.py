@@ -121,6 +121,7 @@ class Ledger:
         next outbox while its writer is up, and sent again at its next hello."""
         claims = [c for c in commands if isinstance(c, Claim)]
         self._unsent_put_backs += [p for p in commands if isinstance(p, PutBack)]
+        undone: dict[str, None] = {}
         for claim in reversed(claims):  # appendleft, newest first: their order holds
             if self._pop_claim(claim.id, claim.endpoint) is None:
                 continue  # its writer's departure released it already
@@ -128,7 +129,12 @@ class Ledger:
             queue.claiming = max(0, queue.claiming - 1)
             queue.waiting.appendleft(claim.id)
             self.consumers.give_back(claim.sub)
-            self._starved.setdefault(claim.endpoint)
+            undone[claim.endpoint] = None
+        # Claimed again now, for the next outbox, among every consumer with credit:
+        # waiting for the credit given back would strand the message if that one
+        # subscription ended first while others had credit all along.
+        for endpoint in reversed(undone):
+            self._dispatch(endpoint)
 
     def depth(self, endpoint: str) -> int:
         queue = self.queues.get(endpoint)

@@ -1,0 +1,282 @@
+"""The gateway's state: who a request acts for, and one SDK client per identity.
+
+The gateway is a client of the router, never a second judge. Each identity it acts for
+has its own connection to the router, authenticated as that identity:
+
+- the **owner** (no token; loopback, the data directory's uid, and only while auth.json
+  holds no token): the gateway's own connection, as `relay` commands make it (ipc://,
+  or tcp:// with ``--key-file``);
+- a **token**'s bearer: a connection made with the CURVE key the token belongs to
+  (auth.json ``keys``, the certificate in ``<home>/keys``), so the router applies that
+  key's sender and receive rights, admin or not, to every request. This needs the router
+  on tcp:// (CURVE); on ipc:// the router can only tell uids apart.
+
+Clients are made on first use and kept; one whose key has left auth.json is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from broker.auth import AuthPolicy
+from edges.http.credentials import (
+    bearer_token,
+    connection_owner,
+    is_loopback,
+    token_hash,
+    tokens_by_hash,
+)
+from edges.http.errors import HttpError, unauthenticated
+from edges.http.inbox import Held, Inbox
+from edges.http.sse import HUB_LINGER_S, ObserverHub
+from sdk.aio import AsyncClient
+from sdk.client import connect
+from sdk.curve import load_secret
+from sdk.errors import RelayError, Unavailable
+from sdk.paths import Home
+
+log = logging.getLogger("relay.http")
+
+OWNER = "owner"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Whom a request acts for: the owner, or the CURVE key a token belongs to."""
+
+    name: str
+    key: str | None = None  # the Z85 public key; None for the owner
+
+    @property
+    def id(self) -> str:
+        return self.key or OWNER
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """The two ends of the HTTP connection, as the ASGI server reports them."""
+
+    client: tuple[str, int] | None
+    server: tuple[str, int] | None
+
+
+@dataclass
+class AuthFile:
+    """auth.json as last read, re-read when it changes: `relay auth` replaces the file
+    (a new inode), an editor may rewrite it (mtime, size)."""
+
+    path: Path
+    owner_uid: int
+    stamp: tuple[int, int, int] | None = None
+    tokens: dict[str, str] = field(default_factory=dict)  # token hash -> public key
+    names: dict[str, str] = field(default_factory=dict)  # public key -> name
+    # Why the file was refused when no good one had been read: nobody is served then,
+    # not even the owner without a token (the file may have listed tokens).
+    refused: str | None = None
+
+    def refresh(self) -> None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            self.stamp, self.tokens, self.names, self.refused = None, {}, {}, None
+            return
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if stamp == self.stamp:
+            return
+        try:
+            data = json.loads(self.path.read_text())
+            AuthPolicy.from_json(data, self.owner_uid)
+        except (OSError, ValueError, RelayError) as exc:
+            # As the router does: a broken file changes nothing; the last good one holds.
+            log.error("auth.json refused, keeping the tokens read before: %s", exc)
+            if self.stamp is None or self.refused is not None:
+                self.refused = str(exc)
+            self.stamp = stamp
+            return
+        self.stamp, self.refused = stamp, None
+        self.tokens = tokens_by_hash(data)
+        self.names = {k: e.get("name", k) for k, e in data.get("keys", {}).items()}
+
+
+class Gateway:
+    """Resolves requests to principals and principals to connected SDK clients."""
+
+    def __init__(
+        self,
+        home: Home,
+        *,
+        address: str | None = None,
+        key_file: str | None = None,
+        server_key: str | None = None,
+        timeout: float = 10.0,
+    ) -> None:
+        self.home = home
+        self.address = address or home.router_address
+        self.key_file = key_file
+        self.server_key = server_key
+        self.timeout = timeout
+        self.auth = AuthFile(home.auth_file, home.owner_uid)
+        self._sessions: dict[str, Session] = {}
+        self._connecting: dict[str, asyncio.Lock] = {}
+        self._secrets: dict[str, Path] = {}  # public key -> its .key_secret in <home>/keys
+
+    # ------------------------------------------------------------------ who is asking
+
+    def principal(
+        self, authorization: str | None, peer: Peer, token: str | None = None
+    ) -> Principal:
+        """Whom this request acts for; `HttpError` 401 when nobody."""
+        self.auth.refresh()
+        if self.auth.refused is not None:
+            raise unauthenticated(f"auth.json is refused, so nobody is served: {self.auth.refused}")
+        token = bearer_token(authorization) or token
+        if token is not None:
+            key = self.auth.tokens.get(token_hash(token))
+            if key is None:
+                raise unauthenticated("unknown or revoked bearer token")
+            return Principal(self.auth.names.get(key, key), key)
+        if self.auth.tokens:
+            raise unauthenticated(
+                "a bearer token is needed (Authorization: Bearer <token>): auth.json lists tokens"
+            )
+        if not self._owner_on_loopback(peer):
+            raise unauthenticated(
+                "without tokens in auth.json, only the data directory's owner may use the "
+                "gateway, over loopback; make a token with `relay auth add-token`"
+            )
+        return Principal(OWNER)
+
+    def _owner_on_loopback(self, peer: Peer) -> bool:
+        if peer.client is None or peer.server is None or not is_loopback(peer.client[0]):
+            return False
+        return connection_owner(peer.client, peer.server) == self.home.owner_uid
+
+    # ------------------------------------------------------------------ its connection
+
+    async def session(self, principal: Principal) -> Session:
+        """The connected session acting for ``principal`` (made on first use)."""
+        self._forget_revoked()
+        found = self._sessions.get(principal.id)
+        if found is not None:
+            return found
+        lock = self._connecting.setdefault(principal.id, asyncio.Lock())
+        async with lock:
+            found = self._sessions.get(principal.id)
+            if found is None:
+                sync = await asyncio.to_thread(self._connect, principal)
+                found = self._sessions[principal.id] = Session(principal, AsyncClient(sync))
+        return found
+
+    def _connect(self, principal: Principal) -> Any:
+        if principal.key is None:
+            return connect(
+                self.home.root,
+                address=self.address,
+                timeout=self.timeout,
+                key_file=self.key_file,
+                server_key=self.server_key,
+            )
+        if not self.address.startswith("tcp://"):
+            raise Unavailable(
+                f"token {principal.name!r} needs the router on tcp:// (CURVE keys tell "
+                f"identities apart there); it listens on {self.address}"
+            )
+        return connect(
+            self.home.root,
+            address=self.address,
+            timeout=self.timeout,
+            key_file=self._secret_file(principal.key),
+            server_key=self.server_key,
+        )
+
+    def _secret_file(self, public_key: str) -> Path:
+        if public_key not in self._secrets:
+            for path in sorted(self.home.keys.glob("*.key_secret")):
+                with contextlib.suppress(RelayError):
+                    public, _ = load_secret(path)
+                    self._secrets[public.decode()] = path
+        path = self._secrets.get(public_key)
+        if path is None:
+            raise HttpError(
+                "invalid_config",
+                f"no certificate for key {public_key} in {self.home.keys}: the gateway "
+                "acts for a token with its key (`relay auth add-token` makes both)",
+                status=500,
+            )
+        return path
+
+    def _forget_revoked(self) -> None:
+        """Close the sessions of keys no longer in auth.json (the router refuses them
+        anyway; this frees their sockets and subscriptions)."""
+        self.auth.refresh()
+        for pid in [p for p in self._sessions if p != OWNER and p not in self.auth.names]:
+            session = self._sessions.pop(pid)
+            asyncio.get_running_loop().create_task(session.close())
+
+    async def sweep(self, now: float, linger: float = HUB_LINGER_S) -> None:
+        """End observer hubs and inboxes that nobody has used for ``linger`` seconds."""
+        for session in list(self._sessions.values()):
+            await session.sweep(now, linger)
+
+    def sessions(self) -> list[Session]:
+        return list(self._sessions.values())
+
+    async def close(self) -> None:
+        sessions, self._sessions = list(self._sessions.values()), {}
+        await asyncio.gather(*(s.close() for s in sessions))
+
+
+class Session:
+    """One identity's connection, its inboxes (by endpoint) and observer hubs (by pattern)."""
+
+    def __init__(self, principal: Principal, client: AsyncClient) -> None:
+        self.principal = principal
+        self.client = client
+        self.inboxes: dict[str, Inbox] = {}
+        self.hubs: dict[str, ObserverHub] = {}
+        self._lock = asyncio.Lock()  # one subscribe at a time per session: no duplicates
+
+    def inbox(self, subject: str) -> Inbox:
+        if subject not in self.inboxes:
+            self.inboxes[subject] = Inbox(self.client, subject)
+        self.inboxes[subject].last_used = time.monotonic()  # not swept before its read
+        return self.inboxes[subject]
+
+    async def hub(self, pattern: str) -> ObserverHub:
+        async with self._lock:
+            if pattern not in self.hubs:
+                self.hubs[pattern] = await ObserverHub(self.client, pattern).open()
+            hub = self.hubs[pattern]
+            if hub.idle_since is not None:  # not swept before the stream attaches
+                hub.idle_since = time.monotonic()
+            return hub
+
+    def held(self, message_id: str) -> list[Held]:
+        """The held copies of a message, one per inbox (endpoint) that holds it."""
+        return [h for i in self.inboxes.values() if (h := i.find(message_id)) is not None]
+
+    async def sweep(self, now: float, linger: float) -> None:
+        async with self._lock:  # not while a stream is attaching to the hub it would close
+            for pattern, hub in list(self.hubs.items()):
+                if hub.idle_for(now) > linger:
+                    del self.hubs[pattern]
+                    await hub.close()
+            for subject, inbox in list(self.inboxes.items()):
+                if inbox.idle(now, linger):
+                    del self.inboxes[subject]
+
+    async def close(self) -> None:
+        """Close the connection: its "bye" ends every subscription at the router at once
+        (held messages stay claimed). Not one unsubscribe each: with the router already
+        gone (honcho stops all processes together) each would wait out its deadline."""
+        self.inboxes.clear()
+        self.hubs.clear()
+        with contextlib.suppress(Exception):
+            await self.client.close()

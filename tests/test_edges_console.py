@@ -1,0 +1,149 @@
+"""The live console in a real browser: headless Debian chromium driven by Playwright.
+
+`make test` installs chromium (edges/setup-browser.sh); without it these tests skip and
+say so. Screenshots go to $RELAY_CONSOLE_SHOTS (a directory) when set, else the test's
+tmp_path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sdk.client import Client
+from sdk.types import Envelope, Signal, SignalType
+from tests.edges_harness import RunningGateway
+from tests.harness import Broker, wait_for
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = os.environ.get("RELAY_CHROMIUM") or shutil.which("chromium")
+if CHROMIUM is None:
+    pytest.skip(
+        "no chromium on this machine: `make browser` (edges/setup-browser.sh) installs it",
+        allow_module_level=True,
+    )
+
+from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
+
+DEMO = "relay.agent.demo.backend"
+SENDER = "relay.agent.demo.frontend"
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    folder = Path(os.environ.get("RELAY_CONSOLE_SHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture
+def console(broker: Broker) -> Iterator[tuple[Page, Client]]:
+    """The console open in chromium, once its stream is live; an SDK client of the same
+    broker, with the endpoint DEMO registered."""
+    client = broker.client()
+    client.register_endpoint(DEMO)
+    with RunningGateway(broker) as gw, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.on("dialog", lambda dialog: dialog.accept())  # the purge confirmation
+        page.goto(gw.url + "/")
+        expect(page.locator("#stream-state")).to_have_text("live", timeout=15_000)
+        try:
+            yield page, client
+        finally:
+            browser.close()
+
+
+def test_console_shows_a_message_published_from_the_sdk_and_its_trace(
+    console: tuple[Page, Client], shots: Path
+) -> None:
+    page, client = console
+    expect(page.locator(f'#endpoints tr[data-subject="{DEMO}"]')).to_be_visible(timeout=10_000)
+
+    result = client.publish(DEMO, {"content": "hello from the SDK"}, sender=SENDER)
+    row = page.locator(f'#messages li[data-id="{result.message_id}"]')
+    expect(row).to_be_visible(timeout=10_000)
+    expect(row).to_contain_text("hello from the SDK")
+    expect(page.locator(f'#endpoints tr[data-subject="{DEMO}"] .depth')).to_have_text("1")
+
+    # Signals as they pass: a signal subscription takes effect a moment after it is
+    # made, so send until one shows.
+    typing = Signal(SignalType.TYPING, "active", DEMO, 0)
+    signals = page.locator('#signals li[data-type="typing"]')
+    wait_for(
+        lambda: client.signal(DEMO, typing, sender=SENDER) or signals.count(),
+        what="a typing signal in the console",
+    )
+    expect(signals.first).to_contain_text(f"typing active on {DEMO}")
+
+    row.click()
+    trace = page.locator(f'#trace table[data-id="{result.message_id}"]')
+    expect(trace).to_be_visible(timeout=10_000)
+    expect(trace).to_contain_text(DEMO)
+    expect(trace.locator(".copy-state")).to_have_text("new")
+    page.screenshot(path=str(shots / "console-message-trace.png"), full_page=True)
+
+
+def test_console_purges_a_dead_letter(console: tuple[Page, Client], shots: Path) -> None:
+    page, client = console
+
+    def refuse(envelope: Envelope) -> None:
+        raise ValueError("cannot parse this request")
+
+    stop = client.subscribe(DEMO, refuse)
+    doomed = client.publish(DEMO, {"content": "doomed"}, sender=SENDER).message_id
+    wait_for(lambda: client.dead_letters(), what="the nacked message to become a dead letter")
+    stop()
+
+    page.locator("#refresh-dead-letters").click()
+    letter = page.locator(f'#dead-letters tr[data-id="{doomed}"]')
+    expect(letter).to_be_visible(timeout=10_000)
+    expect(letter).to_contain_text("cannot parse this request")
+    page.screenshot(path=str(shots / "console-dead-letter.png"), full_page=True)
+
+    letter.locator("button.purge").click()
+    expect(letter).to_have_count(0, timeout=10_000)
+    expect(page.locator("#notice")).to_have_text("purged 1 dead letter(s)")
+    assert client.dead_letters() == []
+    page.screenshot(path=str(shots / "console-purged.png"), full_page=True)
+
+
+def test_console_asks_for_a_token_when_auth_json_lists_tokens(shots: Path) -> None:
+    broker = Broker.on_tcp([("ops", [">"], True)])
+    try:
+        made = broker.relay("auth", "add-token", "console", "--sender", ">", "--admin")
+        assert made.returncode == 0, made.stderr
+        token = made.stdout.split("shown once; auth.json keeps its hash): ")[1].split()[0]
+        broker.start()
+        options = broker.client_options
+        with (
+            RunningGateway(
+                broker, address=options["address"], key_file=str(options["key_file"])
+            ) as gw,
+            sync_playwright() as playwright,
+        ):
+            browser = playwright.chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+            )
+            try:
+                page = browser.new_page()
+                page.goto(gw.url + "/")
+                form = page.locator("#token-form")
+                expect(form).to_be_visible(timeout=10_000)  # the API said 401
+                page.locator("#token").fill(token)
+                form.locator("button").click()
+                expect(page.locator("#stream-state")).to_have_text("live", timeout=15_000)
+                broker.client().register_endpoint(DEMO)
+                row = page.locator(f'#endpoints tr[data-subject="{DEMO}"]')
+                expect(row).to_be_visible(timeout=10_000)
+                page.screenshot(path=str(shots / "console-token.png"), full_page=True)
+            finally:
+                browser.close()
+    finally:
+        broker.cleanup()

@@ -1,0 +1,43 @@
+"""What one group commit changes in the shard's index, written in one transaction after
+the files are durable (workers/writer.py: files first, index second, then the router)."""
+
+from __future__ import annotations
+
+from workers.fsio import fsync_dirs
+from workers.index import MessageIndex
+from workers.records import MessageRecord
+
+
+class IndexChanges:
+    """The index rows one group commit changes, written in one transaction."""
+
+    def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
+        """Empty, ready for the next commit (a commit may happen mid-batch, see rebuild)."""
+        self.inserts: list[MessageRecord] = []
+        self.claims: list[tuple[str, str, int]] = []
+        self.dones: list[tuple[str, str, int]] = []
+        self.fails: list[tuple[str, str, int, str, str, int]] = []
+        self.requeues: list[tuple[str, str]] = []
+        self.deletes: list[tuple[str, str]] = []
+        # cur/ directories whose renames (claims, completions) this commit made: each is
+        # fsynced once, before anyone hears of them, instead of once per message (the
+        # consume path's cost; bench_broker "publish -> handler").
+        self.dirs: set[str] = set()
+        self.synced: set[str] = set()  # of those, fsynced since their renames already
+        self.stored_claimed: list[tuple[str, str]] = []  # (endpoint, id) stored into cur/
+
+    def commit(self, index: MessageIndex) -> None:
+        fsync_dirs(sorted(self.dirs - self.synced))
+        if any((self.inserts, self.claims, self.dones, self.fails, self.requeues, self.deletes)):
+            index.write(
+                inserts=self.inserts,
+                claims=self.claims,
+                dones=self.dones,
+                fails=self.fails,
+                requeues=self.requeues,
+                deletes=self.deletes,
+            )
+        self._clear()
