@@ -65,9 +65,8 @@ def publish(ctx: Context, session: Session, req: Publish, rid: int) -> Any:
         ctx.reliability.count(sender, now)
     if not plan.writes and not parts:
         return remote.remote_result(publish_result(ctx, message_id, plan, {}), None, refused)
-    return queue_writes(
-        ctx, session, rid, plan, request, now, remote_parts=(req.payload, parts, refused)
-    )
+    remote_parts = (req.payload, parts, refused) if parts or refused else None
+    return queue_writes(ctx, session, rid, plan, request, now, remote_parts=remote_parts)
 
 
 def queue_writes(

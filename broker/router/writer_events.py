@@ -160,8 +160,8 @@ def sweep(ctx: Context, now: int) -> None:
     expired = False
     for token, job in ctx.jobs.due(now):
         expired = True
-        ctx.jobs.forget(token)
         if not job.is_publish:  # an operation fails as a whole
+            ctx.jobs.forget(token)
             error = Unavailable(_timed_out(ctx, job.shards))
             ctx.replies.add(job.client, wire.error_body(job.rid, error))
             continue
@@ -180,7 +180,7 @@ def sweep(ctx: Context, now: int) -> None:
         for node in job.remote:  # the bridge did not confirm: JetStream may have it or not
             late = f"the bridge did not confirm the copy for node {node} within the deadline"
             job.outcomes.setdefault(f"@{node}", ("unavailable", late))
-        ctx.replies.add(job.client, ctx.jobs.finish(token, job))
+        ctx.replies.add(job.client, ctx.jobs.finish(token, job))  # forgets it
     if expired:
         ctx.jobs.drop_parked_of_finished()
     ctx.reliability.prune(now)
