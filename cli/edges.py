@@ -40,9 +40,33 @@ def cmd_http(args: argparse.Namespace) -> int:
 
 
 def cmd_bridge(args: argparse.Namespace) -> int:
-    from edges.bridge import Bridge, serve  # nats-py is needed by this command only
+    import asyncio
+
+    # nats-py is needed by this command only
+    from edges.bridge import Bridge, Credentials, CredentialsError, serve, setup
 
     servers = [url for url in args.nats.split(",") if url]
+    credentials = Credentials(creds=args.creds, nkey=args.nkey, tls_ca=args.tls_ca)
+    try:  # now, not at the first connection: a bad file is a mistake to fix, not to wait out
+        credentials.check()
+    except CredentialsError as exc:
+        print(f"relay bridge: {exc}", file=sys.stderr)
+        return 2
+    if args.setup:  # NATS only: the router is not needed to make the bucket and streams
+        try:
+            asyncio.run(setup(servers, args.node, credentials, args.replicas))
+        except Exception as exc:  # what failed is logged; the operator runs it again
+            print(f"relay bridge --setup: {exc!r:.300}", file=sys.stderr)
+            return 1
+        return 0
     with client_from_args(args) as client:
-        serve(Bridge(client, servers, args.node, share=args.share, replicas=args.replicas))
+        bridge = Bridge(
+            client,
+            servers,
+            args.node,
+            share=args.share,
+            replicas=args.replicas,
+            credentials=credentials,
+        )
+        serve(bridge)
     return 0
