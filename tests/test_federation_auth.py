@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -306,3 +307,11 @@ def test_a_credentials_file_the_bridge_cannot_use_is_a_one_line_error(
     assert result.returncode == 2
     assert result.stderr == f"relay bridge: {expected.format(path=path)}\n"
     assert "SUAnotaseed" not in result.stderr
+
+
+def test_the_permissions_in_docs_federation_are_those_the_bridges_run_under():
+    page = (ROOT / "docs" / "federation.md").read_text()
+    block = page.split("authorization {", 1)[1].split("```", 1)[0]
+    publish, subscribe = block.split("publish: { allow: [")[1].split("subscribe: { allow: [")
+    assert re.findall(r'"([^"]+)"', publish) == names.permissions("a")["publish"]["allow"]
+    assert re.findall(r'"([^"]+)"', subscribe) == names.permissions("a")["subscribe"]["allow"]
