@@ -85,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("endpoints", cmd_endpoints, "list, register or unregister endpoints")
     p.add_argument("action", nargs="?", default="list", choices=["list", "register", "unregister"])
     p.add_argument("subject", nargs="?")
+    p.add_argument(
+        "--shared",
+        action=argparse.BooleanOptionalAction,
+        help="register: advertise to other nodes (federation), or --no-shared to stop",
+    )
     p = command("rules", cmd_rules, "list, add or remove access rules")
     p.add_argument("action", nargs="?", default="list", choices=["list", "add", "remove"])
     p.add_argument("from_pattern", nargs="?")

@@ -4,7 +4,8 @@ A client of the local router (the SDK, its identity in auth.json) and of the NAT
 cluster (nats-py), deciding nothing: the router plans every copy and checks every
 right; JetStream keeps and replicates. Four tasks on one asyncio loop:
 
-- advertise: the local endpoints matching ``--share`` patterns, into the KV bucket
+- advertise: the local endpoints registered shared (or matched by the router's
+  ``federation.shared`` config or the bridge's ``--share`` patterns), into the KV bucket
   (``<node>.<hash>`` -> subject, node, registeredAt, depth), every ADVERTISE_S;
 - directory: watches the bucket and hands each other node's full list to the router;
 - outbound: takes the router's remote parts (held ``relay_take``), publishes each to the
@@ -160,7 +161,7 @@ class Bridge:
                 now: set[str] = set()
                 for endpoint in status["endpoints"]:
                     subject = endpoint["subject"]
-                    if not any(matches(subject, p) for p in self.share):
+                    if not (endpoint["shared"] or any(matches(subject, p) for p in self.share)):
                         continue
                     key = names.key_of(self.node, endpoint["hash"])
                     advert = names.Advert(
