@@ -6,9 +6,13 @@ protocol and is an SDK client of the router (DESIGN.md, "Edges"): `relay mcp`,
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
+from typing import Any
 
 from cli.operator import client_from_args
+from cli.output import emit
+from sdk.errors import RelayError
 from sdk.paths import Home
 
 
@@ -43,6 +47,44 @@ def cmd_bridge(args: argparse.Namespace) -> int:
     from edges.bridge import Bridge, serve  # nats-py is needed by this command only
 
     servers = [url for url in args.nats.split(",") if url]
+    if args.forget:
+        return _forget(args, servers)
+    if not args.node:
+        print("relay bridge: --node NAME is required (this host's node name)", file=sys.stderr)
+        return 2
     with client_from_args(args) as client:
         serve(Bridge(client, servers, args.node, share=args.share, replicas=args.replicas))
+    return 0
+
+
+def _forget(args: argparse.Namespace, servers: list[str]) -> int:
+    import nats
+
+    from edges.bridge_forget import NodeRunning, forget
+
+    async def run() -> Any:
+        nc = await nats.connect(servers=servers, connect_timeout=5, allow_reconnect=False)
+        try:
+            return await forget(nc, args.forget)
+        finally:
+            await nc.close()
+
+    try:
+        done = asyncio.run(run())
+    except (NodeRunning, RelayError, nats.errors.Error, OSError) as exc:
+        print(f"relay bridge --forget: {exc}", file=sys.stderr)
+        return 2
+    emit(
+        args,
+        done.to_wire(),
+        lambda d: (
+            f"forgot node {d['node']}: {len(d['endpoints'])} endpoint(s) out of the "
+            + "directory, "
+            + (
+                "no stream"
+                if d["dropped"] is None
+                else f"its stream deleted with {d['dropped']} message(s) waiting for it"
+            )
+        ),
+    )
     return 0

@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", default="127.0.0.1:7480", help="HOST:PORT (default 127.0.0.1:7480)")
     p = command("bridge", cmd_bridge, "federation: this host's link to others over NATS")
     p.add_argument("--nats", required=True, metavar="URL[,URL...]", help="NATS servers")
-    p.add_argument("--node", required=True, help="this host's node name (one subject token)")
+    p.add_argument("--node", help="this host's node name (one subject token); required to run")
     p.add_argument(
         "--share",
         action="append",
@@ -152,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--replicas", type=int, default=None, help="JetStream replicas (default: up to 3)"
+    )
+    p.add_argument(
+        "--forget",
+        metavar="NODE",
+        help="remove NODE (its bridge stopped) from the directory, with its stream and the "
+        "messages waiting in it, and exit",
     )
     p = command("ops", cmd_ops, "Spark jobs: compaction and metrics", client=False)
     p.add_argument("ops_args", nargs=argparse.REMAINDER, help="compact|metrics [options]")

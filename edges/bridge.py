@@ -6,7 +6,8 @@ right; JetStream keeps and replicates. Four tasks on one asyncio loop:
 
 - advertise: the local endpoints registered shared (or matched by the router's
   ``federation.shared`` config or the bridge's ``--share`` patterns), into the KV bucket
-  (``<node>.<hash>`` -> subject, node, registeredAt, depth), every ADVERTISE_S;
+  (``<node>.<hash>`` -> subject, node, registeredAt, depth, advertisedAt), every
+  ADVERTISE_S;
 - directory: watches the bucket and hands each other node's full list to the router;
 - outbound: takes the router's remote parts (held ``relay_take``), publishes each to the
   far node's stream with ``Nats-Msg-Id`` = the message id, and confirms (``relayed``)
@@ -24,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import replace
@@ -42,7 +44,6 @@ from sdk.types import Signal
 
 log = logging.getLogger("relay.bridge")
 
-ADVERTISE_S = 2.0
 FETCH_BATCH = 100
 FETCH_WAIT_S = 1.0
 
@@ -165,7 +166,11 @@ class Bridge:
                         continue
                     key = names.key_of(self.node, endpoint["hash"])
                     advert = names.Advert(
-                        subject, self.node, endpoint.get("registeredAt", 0), endpoint["depth"]
+                        subject,
+                        self.node,
+                        endpoint.get("registeredAt", 0),
+                        endpoint["depth"],
+                        int(time.time() * 1000),
                     )
                     await self.kv.put(key, advert.encode())
                     now.add(key)
@@ -174,7 +179,7 @@ class Bridge:
                 mine = now
             except (RelayError, nats.errors.Error) as exc:
                 log.warning("bridge %s: advertising failed: %s", self.node, exc)
-            await asyncio.sleep(ADVERTISE_S)
+            await asyncio.sleep(names.ADVERTISE_S)
 
     async def _directory(self) -> None:
         watcher = await self.kv.watchall()
@@ -192,6 +197,9 @@ class Bridge:
                 keys.pop(entry.key, None)
             else:
                 keys[entry.key] = advert.subject
+            if not keys:  # no endpoint left (or the node forgotten): no lag to show
+                self.remote.pop(node, None)
+                self.lags.pop(node, None)
             self.where = {s: n for n, ks in self.remote.items() for s in ks.values()}
             await self._tell_router(node)
 
@@ -268,7 +276,7 @@ class Bridge:
                     self.lags[node] = info.num_pending + info.num_ack_pending
                 except Exception:  # not created yet, or the cluster busy: keep the last
                     continue
-            await asyncio.sleep(ADVERTISE_S)
+            await asyncio.sleep(names.ADVERTISE_S)
 
     # ------------------------------------------------------------------ outbound
 
