@@ -6,10 +6,17 @@ protocol and is an SDK client of the router (DESIGN.md, "Edges"): `relay mcp`,
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
+from typing import TYPE_CHECKING, Any
 
 from cli.operator import client_from_args
+from cli.output import emit
+from sdk.errors import RelayError
 from sdk.paths import Home
+
+if TYPE_CHECKING:
+    from edges.bridge import Credentials
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
@@ -40,8 +47,6 @@ def cmd_http(args: argparse.Namespace) -> int:
 
 
 def cmd_bridge(args: argparse.Namespace) -> int:
-    import asyncio
-
     # nats-py is needed by this command only
     from edges.bridge import Bridge, Credentials, CredentialsError, serve, setup
 
@@ -51,6 +56,11 @@ def cmd_bridge(args: argparse.Namespace) -> int:
         credentials.check()
     except CredentialsError as exc:
         print(f"relay bridge: {exc}", file=sys.stderr)
+        return 2
+    if args.forget:
+        return _forget(args, servers, credentials)
+    if not args.node:
+        print("relay bridge: --node NAME is required (this host's node name)", file=sys.stderr)
         return 2
     if args.setup:  # NATS only: the router is not needed to make the bucket and streams
         try:
@@ -69,4 +79,43 @@ def cmd_bridge(args: argparse.Namespace) -> int:
             credentials=credentials,
         )
         serve(bridge)
+    return 0
+
+
+def _forget(args: argparse.Namespace, servers: list[str], credentials: Credentials) -> int:
+    import nats
+
+    from edges.bridge_forget import NodeRunning, forget
+
+    async def run() -> Any:
+        # an operator's user, not a node's: it deletes a stream (docs/federation.md)
+        nc = await nats.connect(
+            servers=servers,
+            connect_timeout=5,
+            allow_reconnect=False,
+            **credentials.connect_options(),
+        )
+        try:
+            return await forget(nc, args.forget)
+        finally:
+            await nc.close()
+
+    try:
+        done = asyncio.run(run())
+    except (NodeRunning, RelayError, nats.errors.Error, OSError) as exc:
+        print(f"relay bridge --forget: {exc}", file=sys.stderr)
+        return 2
+    emit(
+        args,
+        done.to_wire(),
+        lambda d: (
+            f"forgot node {d['node']}: {len(d['endpoints'])} endpoint(s) out of the "
+            + "directory, "
+            + (
+                "no stream"
+                if d["dropped"] is None
+                else f"its stream deleted with {d['dropped']} message(s) waiting for it"
+            )
+        ),
+    )
     return 0

@@ -4,9 +4,11 @@ A client of the local router (the SDK, its identity in auth.json) and of the NAT
 cluster (nats-py), deciding nothing: the router plans every copy and checks every
 right; JetStream keeps and replicates. Four tasks on one asyncio loop:
 
-- advertise: the local endpoints matching ``--share`` patterns, into the KV bucket
-  (``<node>.<hash>`` -> subject, node, registeredAt, depth), every ADVERTISE_S;
-- directory: watches the bucket and hands each other node's full list to the router;
+- advertise: the local endpoints registered shared (or matched by the router's
+  ``federation.shared`` config or the bridge's ``--share`` patterns), into the KV bucket
+  (``<node>.<hash>`` -> subject, node, registeredAt, depth, advertisedAt), every
+  ADVERTISE_S;
+- directory: reads the bucket and hands each other node's full list to the router;
 - outbound: takes the router's remote parts (held ``relay_take``), publishes each to the
   far node's stream with ``Nats-Msg-Id`` = the message id, and confirms (``relayed``)
   with the PubAck's outcome;
@@ -45,7 +47,6 @@ from sdk.types import Signal
 
 log = logging.getLogger("relay.bridge")
 
-ADVERTISE_S = 2.0
 FETCH_BATCH = 100
 FETCH_WAIT_S = 1.0
 
@@ -338,11 +339,15 @@ class Bridge:
                 now: set[str] = set()
                 for endpoint in status["endpoints"]:
                     subject = endpoint["subject"]
-                    if not any(matches(subject, p) for p in self.share):
+                    if not (endpoint["shared"] or any(matches(subject, p) for p in self.share)):
                         continue
                     key = names.key_of(self.node, endpoint["hash"])
                     advert = names.Advert(
-                        subject, self.node, endpoint.get("registeredAt", 0), endpoint["depth"]
+                        subject,
+                        self.node,
+                        endpoint.get("registeredAt", 0),
+                        endpoint["depth"],
+                        int(time.time() * 1000),
                     )
                     await self.kv.put(key, advert.encode())
                     now.add(key)
@@ -351,7 +356,7 @@ class Bridge:
                 mine = now
             except (RelayError, nats.errors.Error) as exc:
                 log.warning("bridge %s: advertising failed: %s", self.node, exc)
-            await asyncio.sleep(ADVERTISE_S)
+            await asyncio.sleep(names.ADVERTISE_S)
 
     async def _directory(self) -> None:
         """The other nodes' endpoints, read from the bucket every ADVERTISE_S and handed
@@ -366,11 +371,13 @@ class Bridge:
                 log.warning("bridge %s: reading the directory failed: %s", self.node, exc)
             else:
                 gone = set(self.remote) - set(remote)  # told once, with no endpoint
+                for node in gone:  # no endpoint left (or the node forgotten): no lag to show
+                    self.lags.pop(node, None)
                 self.remote = remote
                 self.where = {s: n for n, ks in remote.items() for s in ks.values()}
                 for node in sorted(gone | set(remote)):
                     await self._tell_router(node)
-            await asyncio.sleep(ADVERTISE_S)
+            await asyncio.sleep(names.ADVERTISE_S)
 
     async def _read_directory(self) -> dict[str, dict[str, str]]:
         info = await self.js.stream_info(names.KV_STREAM, subjects_filter=names.KV_SUBJECTS)
@@ -466,7 +473,7 @@ class Bridge:
                     self.lags[node] = info.num_pending + info.num_ack_pending
                 except Exception:  # not created yet, or the cluster busy: keep the last
                     continue
-            await asyncio.sleep(ADVERTISE_S)
+            await asyncio.sleep(names.ADVERTISE_S)
 
     # ------------------------------------------------------------------ outbound
 

@@ -152,12 +152,13 @@ def decode_part(data: bytes) -> tuple[list[str], Envelope]:
 
 @dataclass(frozen=True, slots=True)
 class Advert:
-    """One endpoint in the KV bucket."""
+    """One endpoint in the KV bucket, put again by its node's bridge every ADVERTISE_S."""
 
     subject: str
     node: str
     registered_at: int
     depth: int
+    advertised_at: int = 0  # unix ms of this put: a node whose keys are fresh is running
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -166,6 +167,7 @@ class Advert:
                 "node": self.node,
                 "registeredAt": self.registered_at,
                 "depth": self.depth,
+                "advertisedAt": self.advertised_at,
             }
         ).encode()
 
@@ -173,9 +175,25 @@ class Advert:
     def decode(cls, data: bytes) -> Advert | None:
         try:
             d = json.loads(data)
-            return cls(validate(d["subject"]), check_node(d["node"]), d["registeredAt"], d["depth"])
+            return cls(
+                validate(d["subject"]),
+                check_node(d["node"]),
+                d["registeredAt"],
+                d["depth"],
+                d.get("advertisedAt", 0),
+            )
         except (ValueError, KeyError, TypeError, RelayError):
             return None  # a foreign or damaged key: not an endpoint
+
+
+ADVERTISE_S = 2.0  # how often a bridge puts its node's keys again
+LIVE_MS = int(5 * ADVERTISE_S * 1000)  # a key put more recently: its bridge is running
+
+
+def running(adverts: list[Advert | None], now_ms: int) -> bool:
+    """Whether a node's bridge looks alive from its keys (hosts' clocks agree, as for
+    TTLs: docs/federation.md)."""
+    return any(a is not None and now_ms - a.advertised_at < LIVE_MS for a in adverts)
 
 
 class Settle(enum.Enum):
