@@ -143,19 +143,15 @@ class _Reporter:
         self.said: dict[str, float] = {}  # message -> when last logged
 
     async def report(self, exc: Exception) -> None:
-        text = str(exc)
-        if isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in (
-            text.lower()
-        ):
-            level, message = (
-                logging.ERROR,
-                (
-                    f"NATS refused this node's credentials (authorization violation) at "
-                    f"{self.where}: check --creds, --nkey or the URLs' user; trying again"
-                ),
+        text = str(exc).lower()  # nats-py lowercases some of the server's messages
+        level = logging.ERROR
+        if isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in text:
+            message = (
+                f"NATS refused this node's credentials (authorization violation) at "
+                f"{self.where}: check --creds, --nkey or the URLs' user; trying again"
             )
-        elif "permissions violation" in text.lower():
-            level, message = logging.ERROR, f"NATS refused: {text}"
+        elif "permissions violation" in text:
+            message = f"NATS refused: {exc}"
         else:  # a server gone or not up yet: nats-py keeps trying
             level, message = logging.WARNING, f"NATS: {exc!r:.300}"
         now = time.monotonic()

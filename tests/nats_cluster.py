@@ -102,9 +102,9 @@ class NatsCluster:
             with contextlib.suppress(Exception):
                 await nc.close()
 
-    def log(self, i: int, tail: int = 3000) -> str:
+    def log(self, i: int) -> str:
         path = self.dir / f"n{i}.log"
-        return path.read_text(errors="replace")[-tail:] if path.exists() else ""
+        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
 
     def stop(self) -> None:
         """Kill every server: their stores are thrown away, and a graceful shutdown of
