@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from cli.auth import cmd_auth
 from cli.edges import cmd_bridge, cmd_http, cmd_mcp
@@ -157,7 +158,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--forget",
         metavar="NODE",
         help="remove NODE (its bridge stopped) from the directory, with its stream and the "
-        "messages waiting in it, and exit",
+        "messages waiting in it, and exit (a NATS user that may delete streams)",
+    )
+    # Who this node is to NATS (docs/federation.md, "Identities"); without either, the
+    # URLs' user:password@ if they carry one.
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--creds", type=Path, metavar="FILE", help="NATS .creds file (JWT + nkey)")
+    who.add_argument("--nkey", type=Path, metavar="FILE", help="file holding an nkey seed")
+    p.add_argument("--tls-ca", type=Path, metavar="FILE", help="CA of the servers' TLS certs")
+    p.add_argument(
+        "--setup",
+        action="store_true",
+        help="create the bucket, this node's stream and consumer, then exit (a NATS "
+        "user that may; a node's own user need not)",
     )
     p = command("ops", cmd_ops, "Spark jobs: compaction and metrics", client=False)
     p.add_argument("ops_args", nargs=argparse.REMAINDER, help="compact|metrics [options]")

@@ -78,7 +78,9 @@ def test_an_advert_round_trips_and_a_foreign_key_is_ignored():
 
 
 def test_a_signal_from_another_node_is_never_forwarded_again():
-    assert names.signal_subject("b", "relay.agent.b.x") == "relay.signal.b.relay.agent.b.x"
+    subject = names.signal_subject("b", "a", "relay.agent.b.x")
+    assert subject == "relay.signal.b.from.a.relay.agent.b.x"
+    assert names.split_signal(subject) == ("a", "relay.agent.b.x")
     assert names.forwardable(None) and names.forwardable({"progress": 1})
     assert not names.forwardable({names.RELAYED_MARK: "a"})
 

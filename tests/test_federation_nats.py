@@ -8,14 +8,15 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
+from typing import Any
 
 import pytest
 
 from sdk.client import Client
 from sdk.types import Envelope, Signal, SignalType
-from tests.harness import Broker, wait_for
+from tests.harness import Broker, wait_for, write_auth
 from tests.nats_cluster import NatsCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -26,9 +27,27 @@ BURST = 300
 
 
 class Node:
-    def __init__(self, name: str, cluster: NatsCluster, share: str | None) -> None:
+    """A Relay home and its bridge. ``nats``: the bridge's URLs (default: the cluster's,
+    no user); ``options``: more `relay bridge` options (credentials); ``auth``: the
+    home's auth.json, written before its router starts."""
+
+    def __init__(
+        self,
+        name: str,
+        cluster: NatsCluster,
+        share: str | None,
+        *,
+        nats: Sequence[str] = (),
+        options: Sequence[str] = (),
+        auth: dict[str, Any] | None = None,
+    ) -> None:
         self.name, self.cluster, self.share = name, cluster, share
-        self.broker = Broker(shards=2).start()
+        self.nats = ",".join(nats or cluster.urls)
+        self.options = list(options)
+        self.broker = Broker(shards=2)
+        if auth is not None:
+            write_auth(self.broker.home.create(), auth)
+        self.broker.start()
         self.client = self.broker.client()
         self.client.set_config({"rateLimit": {"enabled": False}})  # bursts from one sender
 
@@ -37,12 +56,13 @@ class Node:
             "bridge",
             "bridge",
             "--nats",
-            ",".join(self.cluster.urls),
+            self.nats,
             "--node",
             self.name,
             *(["--share", self.share] if self.share else []),
             "--replicas",
             "3",
+            *self.options,
         )
 
     def kill_bridge(self) -> None:
