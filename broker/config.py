@@ -20,7 +20,8 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from sdk.errors import InvalidConfig
+from sdk.errors import InvalidConfig, RelayError
+from sdk.subjects import validate
 
 DEFAULT_CONFIG: dict[str, dict[str, Any]] = {
     "limits": {
@@ -53,6 +54,11 @@ DEFAULT_CONFIG: dict[str, dict[str, Any]] = {
         "maxHops": 16,
         "maxTtlMs": 86_400_000,
         "maxCallBudget": 100,
+    },
+    # Endpoints whose subject matches one of these patterns are advertised to other
+    # nodes by the federation bridge, as if registered shared (docs/federation.md).
+    "federation": {
+        "shared": [],
     },
 }
 
@@ -93,6 +99,17 @@ def _overrides(label: str, value: Any) -> dict[str, int]:
     return dict(value)
 
 
+def _patterns(label: str, value: Any) -> list[str]:
+    if not isinstance(value, list):
+        raise InvalidConfig(f"{label} must be a list of subject patterns, got {value!r:.60}")
+    for pattern in value:
+        try:
+            validate(pattern, wildcards=True)
+        except RelayError as exc:
+            raise InvalidConfig(f"{label}: {exc.message}") from None
+    return list(value)
+
+
 CONFIG_SCHEMA: dict[str, dict[str, _Check]] = {
     "limits": {
         "maxPayloadBytes": _int(1),
@@ -122,6 +139,9 @@ CONFIG_SCHEMA: dict[str, dict[str, _Check]] = {
         "maxHops": _int(1),
         "maxTtlMs": _int(1000),
         "maxCallBudget": _int(1),
+    },
+    "federation": {
+        "shared": _patterns,
     },
 }
 

@@ -28,6 +28,7 @@ import json
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import apsw
@@ -68,7 +69,13 @@ CREATE TABLE applied_files (
 ) STRICT;
 """
 
-MIGRATIONS = [_SCHEMA_V1, _SCHEMA_V2]
+# Whether an endpoint is advertised to other nodes by the federation bridge
+# (docs/federation.md); node-local by default.
+_SCHEMA_V3 = """
+ALTER TABLE endpoints ADD COLUMN shared INTEGER NOT NULL DEFAULT 0;
+"""
+
+MIGRATIONS = [_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3]
 
 
 # --- the control plane ---------------------------------------------------------------------
@@ -117,25 +124,36 @@ class ControlPlane:
 
     # --- endpoints ---
 
-    def register_endpoint(self, subject: str, now_ms: int) -> EndpointInfo:
-        """Register a concrete subject (idempotent); the caller creates its Maildir."""
+    def register_endpoint(
+        self, subject: str, now_ms: int, *, shared: bool | None = None
+    ) -> EndpointInfo:
+        """Register a concrete subject (idempotent); the caller creates its Maildir.
+        ``shared`` True or False sets whether other nodes see it; None leaves an
+        existing endpoint as it is (and makes a new one node-local)."""
         validate(subject)
         digest = endpoint_hash(subject)
         with self._tx() as conn:
             row = conn.execute(_SELECT_ENDPOINT + "WHERE subject = ?", (subject,)).fetchone()
             if row is not None:
-                return EndpointInfo(*row)
+                info = _endpoint(row)
+                if shared is None or shared == info.shared:
+                    return info
+                conn.execute(
+                    "UPDATE endpoints SET shared = ? WHERE subject = ?", (int(shared), subject)
+                )
+                return replace(info, shared=shared)
             row = conn.execute(_SELECT_ENDPOINT + "WHERE hash = ?", (digest,)).fetchone()
             if row is not None:
                 raise InvalidSubject(
                     f"{subject!r} has the same endpoint hash ({digest}) as the registered "
                     f"{row[0]!r}; use another subject"
                 )
-            info = EndpointInfo(subject, digest, os.path.join(self.mailboxes_root, digest), now_ms)
+            path = os.path.join(self.mailboxes_root, digest)
+            info = EndpointInfo(subject, digest, path, now_ms, shared=bool(shared))
             conn.execute(
-                "INSERT INTO endpoints (subject, hash, maildir_path, registered_at) "
-                "VALUES (?, ?, ?, ?)",
-                (info.subject, info.hash, info.maildir_path, info.registered_at),
+                "INSERT INTO endpoints (subject, hash, maildir_path, registered_at, shared) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (info.subject, info.hash, info.maildir_path, info.registered_at, int(info.shared)),
             )
             return info
 
@@ -149,17 +167,17 @@ class ControlPlane:
     def list_endpoints(self) -> list[EndpointInfo]:
         with self._locked() as conn:
             rows = conn.execute(_SELECT_ENDPOINT + "ORDER BY subject").fetchall()
-        return [EndpointInfo(*row) for row in rows]
+        return [_endpoint(row) for row in rows]
 
     def get_endpoint(self, subject: str) -> EndpointInfo | None:
         with self._locked() as conn:
             row = conn.execute(_SELECT_ENDPOINT + "WHERE subject = ?", (subject,)).fetchone()
-        return None if row is None else EndpointInfo(*row)
+        return None if row is None else _endpoint(row)
 
     def get_endpoint_by_hash(self, digest: str) -> EndpointInfo | None:
         with self._locked() as conn:
             row = conn.execute(_SELECT_ENDPOINT + "WHERE hash = ?", (digest,)).fetchone()
-        return None if row is None else EndpointInfo(*row)
+        return None if row is None else _endpoint(row)
 
     # --- access rules ---
 
@@ -254,7 +272,12 @@ class ControlPlane:
         return config
 
 
-_SELECT_ENDPOINT = "SELECT subject, hash, maildir_path, registered_at FROM endpoints "
+_SELECT_ENDPOINT = "SELECT subject, hash, maildir_path, registered_at, shared FROM endpoints "
+
+
+def _endpoint(row: tuple) -> EndpointInfo:
+    subject, digest, path, registered_at, shared = row
+    return EndpointInfo(subject, digest, path, registered_at, shared=bool(shared))
 
 
 def _checked_rule(rule: AccessRule | Mapping[str, Any]) -> AccessRule:

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from cli.auth import cmd_auth
 from cli.edges import cmd_bridge, cmd_http, cmd_mcp
@@ -85,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("endpoints", cmd_endpoints, "list, register or unregister endpoints")
     p.add_argument("action", nargs="?", default="list", choices=["list", "register", "unregister"])
     p.add_argument("subject", nargs="?")
+    p.add_argument(
+        "--shared",
+        action=argparse.BooleanOptionalAction,
+        help="register: advertise to other nodes (federation), or --no-shared to stop",
+    )
     p = command("rules", cmd_rules, "list, add or remove access rules")
     p.add_argument("action", nargs="?", default="list", choices=["list", "add", "remove"])
     p.add_argument("from_pattern", nargs="?")
@@ -137,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", default="127.0.0.1:7480", help="HOST:PORT (default 127.0.0.1:7480)")
     p = command("bridge", cmd_bridge, "federation: this host's link to others over NATS")
     p.add_argument("--nats", required=True, metavar="URL[,URL...]", help="NATS servers")
-    p.add_argument("--node", required=True, help="this host's node name (one subject token)")
+    p.add_argument("--node", help="this host's node name (one subject token); required to run")
     p.add_argument(
         "--share",
         action="append",
@@ -147,6 +153,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--replicas", type=int, default=None, help="JetStream replicas (default: up to 3)"
+    )
+    p.add_argument(
+        "--forget",
+        metavar="NODE",
+        help="remove NODE (its bridge stopped) from the directory, with its stream and the "
+        "messages waiting in it, and exit (a NATS user that may delete streams)",
+    )
+    # Who this node is to NATS (docs/federation.md, "Identities"); without either, the
+    # URLs' user:password@ if they carry one.
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--creds", type=Path, metavar="FILE", help="NATS .creds file (JWT + nkey)")
+    who.add_argument("--nkey", type=Path, metavar="FILE", help="file holding an nkey seed")
+    p.add_argument("--tls-ca", type=Path, metavar="FILE", help="CA of the servers' TLS certs")
+    p.add_argument(
+        "--setup",
+        action="store_true",
+        help="create the bucket, this node's stream and consumer, then exit (a NATS "
+        "user that may; a node's own user need not)",
     )
     p = command("ops", cmd_ops, "Spark jobs: compaction and metrics", client=False)
     p.add_argument("ops_args", nargs=argparse.REMAINDER, help="compact|metrics [options]")

@@ -84,7 +84,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
 def cmd_endpoints(args: argparse.Namespace) -> int:
     with client_from_args(args) as client:
         if args.action == "register":
-            info = client.register_endpoint(args.subject).to_wire()
+            info = client.register_endpoint(args.subject, shared=args.shared).to_wire()
             emit(args, info, lambda d: f"{d['subject']} -> {d['maildirPath']}")
         elif args.action == "unregister":
             removed = client.unregister_endpoint(args.subject)
@@ -99,8 +99,11 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
                 args,
                 rows,
                 lambda rs: table(
-                    [(r["subject"], r["hash"], r["depth"]) for r in rs],
-                    ("SUBJECT", "HASH", "WAITING"),
+                    [
+                        (r["subject"], r["hash"], r["depth"], "yes" if r["shared"] else "no")
+                        for r in rs
+                    ],
+                    ("SUBJECT", "HASH", "WAITING", "SHARED"),
                 ),
             )
     return 0

@@ -4,9 +4,11 @@ A client of the local router (the SDK, its identity in auth.json) and of the NAT
 cluster (nats-py), deciding nothing: the router plans every copy and checks every
 right; JetStream keeps and replicates. Four tasks on one asyncio loop:
 
-- advertise: the local endpoints matching ``--share`` patterns, into the KV bucket
-  (``<node>.<hash>`` -> subject, node, registeredAt, depth), every ADVERTISE_S;
-- directory: watches the bucket and hands each other node's full list to the router;
+- advertise: the local endpoints registered shared (or matched by the router's
+  ``federation.shared`` config or the bridge's ``--share`` patterns), into the KV bucket
+  (``<node>.<hash>`` -> subject, node, registeredAt, depth, advertisedAt), every
+  ADVERTISE_S;
+- directory: reads the bucket and hands each other node's full list to the router;
 - outbound: takes the router's remote parts (held ``relay_take``), publishes each to the
   far node's stream with ``Nats-Msg-Id`` = the message id, and confirms (``relayed``)
   with the PubAck's outcome;
@@ -23,10 +25,14 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Sequence
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import nats
 from nats.js.api import ConsumerConfig, KeyValueConfig, StorageType, StreamConfig
@@ -40,7 +46,6 @@ from sdk.types import Signal
 
 log = logging.getLogger("relay.bridge")
 
-ADVERTISE_S = 2.0
 FETCH_BATCH = 100
 FETCH_WAIT_S = 1.0
 
@@ -55,6 +60,192 @@ async def _result(future: Future) -> Any:
     return await asyncio.wrap_future(future)
 
 
+def _where(url: str) -> str:
+    """host:port of a server URL, without the user and password it may carry (a URL is
+    logged and shown in `relay status`; a secret never is)."""
+    parts = urlsplit(url if "://" in url else f"nats://{url}")
+    return f"{parts.hostname}:{parts.port or 4222}"
+
+
+class CredentialsError(ValueError):
+    """A credentials file the bridge cannot use: missing, unreadable or malformed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """How the bridge proves to NATS which node it is (docs/federation.md,
+    "Identities"): a .creds file (JWT and nkey seed, for servers in operator mode), or a
+    file holding an nkey seed, or neither (the URLs' ``user:password@``, or nothing);
+    and the CA that signs the servers' TLS certificates. nats-py reads the files again
+    at each (re)connection, so they are checked once here to fail at start, clearly."""
+
+    creds: Path | None = None
+    nkey: Path | None = None
+    tls_ca: Path | None = None
+
+    def check(self) -> None:
+        """Raise CredentialsError naming the option and the file, never its content."""
+        if self.creds is not None:
+            text = _read(self.creds, "--creds")
+            if b"BEGIN NATS USER JWT" not in text or b"BEGIN USER NKEY SEED" not in text:
+                raise CredentialsError(f"--creds {self.creds}: not a NATS .creds file")
+        if self.nkey is not None:
+            import nkeys  # nats-py's nkeys extra (the federation extra installs it)
+
+            seed = bytearray(_read(self.nkey, "--nkey").strip())
+            try:
+                nkeys.from_seed(seed).wipe()
+            except Exception:  # nkeys raises its own errors and binascii's
+                raise CredentialsError(f"--nkey {self.nkey}: not an nkey seed") from None
+        if self.tls_ca is not None:
+            _read(self.tls_ca, "--tls-ca")
+            self._tls()
+
+    def _tls(self) -> ssl.SSLContext:
+        try:
+            return ssl.create_default_context(cafile=str(self.tls_ca))
+        except (ssl.SSLError, OSError, ValueError):
+            raise CredentialsError(f"--tls-ca {self.tls_ca}: no certificate in it") from None
+
+    def connect_options(self) -> dict[str, Any]:
+        """nats.connect keywords."""
+        options: dict[str, Any] = {}
+        if self.creds is not None:
+            options["user_credentials"] = str(self.creds)
+        if self.nkey is not None:
+            options["nkeys_seed"] = str(self.nkey)
+        if self.tls_ca is not None:
+            options["tls"] = self._tls()
+        return options
+
+
+def _read(path: Path, option: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise CredentialsError(f"{option} {path}: {exc.strerror or exc}") from None
+
+
+class _Reporter:
+    """nats-py's error callback for a bridge. What the server refuses is said at ERROR
+    level: a bridge whose credentials are turned down must not look like one waiting
+    for its cluster, and a permissions violation means this node's NATS user lacks a
+    right the bridge needs (names.permissions; the request that met it times out).
+    nats-py tries again every RECONNECT_S per server, so each message is said once,
+    then again at most every REPEAT_S while it lasts."""
+
+    REPEAT_S = 30.0
+
+    def __init__(self, node: str, servers: Sequence[str]) -> None:
+        self.node = node
+        self.where = ", ".join(_where(url) for url in servers)
+        self.said: dict[str, float] = {}  # message -> when last logged
+
+    async def report(self, exc: Exception) -> None:
+        text = str(exc).lower()  # nats-py lowercases some of the server's messages
+        level = logging.ERROR
+        if isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in text:
+            message = (
+                f"NATS refused this node's credentials (authorization violation) at "
+                f"{self.where}: check --creds, --nkey or the URLs' user; trying again"
+            )
+        elif "permissions violation" in text:
+            message = f"NATS refused: {exc}"
+        else:  # a server gone or not up yet: nats-py keeps trying
+            level, message = logging.WARNING, f"NATS: {exc!r:.300}"
+        now = time.monotonic()
+        if now - self.said.get(message, -self.REPEAT_S) >= self.REPEAT_S:
+            if len(self.said) > 100:  # bounded: messages name servers and subjects
+                self.said.clear()
+            self.said[message] = now
+            log.log(level, "bridge %s: %s", self.node, message)
+
+
+RECONNECT_S = 0.2
+
+
+async def connect(
+    servers: Sequence[str], node: str, credentials: Credentials, *, once: bool = False
+) -> Any:
+    """A NATS connection for node's bridge, once a server takes it.
+
+    nats-py keeps trying the servers until one does: a bridge started before its
+    cluster (or during an election) waits for it rather than exit, since it is a
+    Procfile line and the messages wait in JetStream. Refused credentials are retried
+    too (a server's configuration may be reloaded, a file replaced), and reported
+    (_Reporter). ``once``: try each server and raise (`--setup`, run by hand)."""
+    while True:
+        try:
+            return await nats.connect(
+                servers=list(servers),
+                max_reconnect_attempts=1 if once else -1,
+                reconnect_time_wait=RECONNECT_S,
+                inbox_prefix=names.inbox_prefix(node),
+                error_cb=_Reporter(node, servers).report,
+                **credentials.connect_options(),
+            )
+        except Exception as exc:  # a credentials file gone since the start, say
+            if once:
+                raise
+            log.warning("bridge %s: cannot connect to NATS (%r); trying again", node, exc)
+            await asyncio.sleep(1.0)
+
+
+async def ensure(js: Any, node: str, replicas: int) -> tuple[Any, Any]:
+    """The bucket, node's stream and its durable consumer, each created if missing:
+    (the bucket, the pull subscription). A node's least-privilege NATS user may look
+    them up but not create them (edges/bridge_names.permissions): `relay bridge
+    --setup` runs this once with a user that may."""
+    try:
+        kv = await js.key_value(names.BUCKET)
+    except BucketNotFoundError:
+        kv = await js.create_key_value(
+            # direct: a key is read from any replica (names.permissions grants that way)
+            KeyValueConfig(bucket=names.BUCKET, history=1, replicas=replicas, direct=True)
+        )
+    stream = StreamConfig(
+        name=names.stream_of(node),
+        subjects=[names.inbound(node)],
+        storage=StorageType.FILE,
+        num_replicas=replicas,
+        max_bytes=names.STREAM_MAX_BYTES,
+        max_age=names.STREAM_MAX_AGE_S,
+        duplicate_window=120.0,
+    )
+    try:
+        await js.stream_info(stream.name)
+    except NotFoundError:
+        await js.add_stream(stream)
+    sub = await js.pull_subscribe(
+        names.inbound(node),
+        durable=names.consumer_of(node),
+        stream=stream.name,
+        config=ConsumerConfig(ack_wait=names.ACK_WAIT_S, max_ack_pending=names.MAX_ACK_PENDING),
+    )
+    return kv, sub
+
+
+def replicas_for(nc: Any, replicas: int | None) -> int:
+    """R3 when the client sees three servers (or more), fewer with fewer."""
+    return replicas or min(3, max(1, len(nc.servers)))
+
+
+async def setup(
+    servers: Sequence[str], node: str, credentials: Credentials, replicas: int | None
+) -> None:
+    """`relay bridge --setup`: make node's NATS objects, then stop."""
+    nc = await connect(servers, node, credentials, once=True)
+    try:
+        js = nc.jetstream(timeout=10)
+        count = replicas_for(nc, replicas)
+        _, sub = await ensure(js, node, count)
+        await sub.unsubscribe()
+        log.info("bridge %s: bucket, stream and consumer in place, R%d", node, count)
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(nc.close(), 2)
+
+
 class Bridge:
     def __init__(
         self,
@@ -64,49 +255,47 @@ class Bridge:
         *,
         share: Sequence[str] = (),
         replicas: int | None = None,
+        credentials: Credentials = Credentials(),
     ) -> None:
         self.client = client
         self.servers = list(servers)
         self.node = names.check_node(node)
         self.share = tuple(share)
         self.replicas = replicas
+        self.credentials = credentials
         self.stopping = asyncio.Event()
         self.remote: dict[str, dict[str, str]] = {}  # node -> key -> subject
         self.lags: dict[str, int] = {}  # node -> messages its consumer has not acked
         self.where: dict[str, str] = {}  # remote endpoint subject -> its node
 
     async def run(self) -> None:
-        # A bridge started before its cluster (or during an election) waits for it
-        # rather than exit: it is a Procfile line, and the messages wait in JetStream.
-        while True:
-            try:
-                self.nc = await nats.connect(
-                    servers=self.servers, max_reconnect_attempts=-1, reconnect_time_wait=0.2
-                )
-                break
-            except Exception as exc:  # no server answers yet
-                log.warning("bridge %s: NATS not reachable (%r); trying again", self.node, exc)
-                await asyncio.sleep(1.0)
+        self.nc = await connect(self.servers, self.node, self.credentials)
         self.js = self.nc.jetstream(timeout=10)
-        replicas = self.replicas or min(3, max(1, len(self.nc.servers)))
+        replicas = replicas_for(self.nc, self.replicas)
         while True:
             try:
-                await self._ensure(replicas)
+                self.kv, self.sub = await ensure(self.js, self.node, replicas)
                 break
             except Exception as exc:  # no JetStream yet: no leader, a peer still starting
-                log.warning("bridge %s: JetStream not ready (%r); trying again", self.node, exc)
+                log.warning(
+                    "bridge %s: JetStream not ready (%r); trying again (a user that may not "
+                    "create them needs the bucket, stream and consumer made by `relay "
+                    "bridge --setup`)",
+                    self.node,
+                    exc,
+                )
                 await asyncio.sleep(1.0)
-        log.info("bridge %s: connected to %s, R%d", self.node, self.nc.connected_url, replicas)
+        log.info("bridge %s: connected to %s, R%d", self.node, self._server(), replicas)
         tasks = [
-            asyncio.create_task(coroutine)
-            for coroutine in (
-                self._advertise(),
-                self._directory(),
-                self._outbound(),
-                self._inbound(),
-                self._lag(),
-                self._signals_out(),
-                self._signals_in(),
+            asyncio.create_task(self._keep(loop))
+            for loop in (
+                self._advertise,
+                self._directory,
+                self._outbound,
+                self._inbound,
+                self._lag,
+                self._signals_out,
+                self._signals_in,
             )
         ]
         try:
@@ -120,32 +309,18 @@ class Bridge:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.nc.close(), 2)
 
-    async def _ensure(self, replicas: int) -> None:
-        try:
-            self.kv = await self.js.key_value(names.BUCKET)
-        except BucketNotFoundError:
-            self.kv = await self.js.create_key_value(
-                KeyValueConfig(bucket=names.BUCKET, history=1, replicas=replicas)
-            )
-        stream = StreamConfig(
-            name=names.stream_of(self.node),
-            subjects=[names.inbound(self.node)],
-            storage=StorageType.FILE,
-            num_replicas=replicas,
-            max_bytes=names.STREAM_MAX_BYTES,
-            max_age=names.STREAM_MAX_AGE_S,
-            duplicate_window=120.0,
-        )
-        try:
-            await self.js.stream_info(stream.name)
-        except NotFoundError:
-            await self.js.add_stream(stream)
-        self.sub = await self.js.pull_subscribe(
-            names.inbound(self.node),
-            durable=names.consumer_of(self.node),
-            stream=stream.name,
-            config=ConsumerConfig(ack_wait=names.ACK_WAIT_S, max_ack_pending=names.MAX_ACK_PENDING),
-        )
+    async def _keep(self, loop: Callable[[], Awaitable[None]]) -> None:
+        """Run one of the bridge's loops for as long as the bridge runs: one that raises
+        is logged with its traceback and started again. Otherwise the bridge would run
+        on half dead and quiet (an inbound loop gone leaves its node's messages waiting
+        in JetStream, with nothing said; nats-py's fetch can raise asyncio's
+        TimeoutError as well as its own)."""
+        while True:
+            try:
+                await loop()
+            except Exception:
+                log.exception("bridge %s: %s failed; starting it again", self.node, loop.__name__)
+                await asyncio.sleep(1.0)
 
     # ------------------------------------------------------------------ directory
 
@@ -159,11 +334,15 @@ class Bridge:
                 now: set[str] = set()
                 for endpoint in status["endpoints"]:
                     subject = endpoint["subject"]
-                    if not any(matches(subject, p) for p in self.share):
+                    if not (endpoint["shared"] or any(matches(subject, p) for p in self.share)):
                         continue
                     key = names.key_of(self.node, endpoint["hash"])
                     advert = names.Advert(
-                        subject, self.node, endpoint.get("registeredAt", 0), endpoint["depth"]
+                        subject,
+                        self.node,
+                        endpoint.get("registeredAt", 0),
+                        endpoint["depth"],
+                        int(time.time() * 1000),
                     )
                     await self.kv.put(key, advert.encode())
                     now.add(key)
@@ -172,26 +351,46 @@ class Bridge:
                 mine = now
             except (RelayError, nats.errors.Error) as exc:
                 log.warning("bridge %s: advertising failed: %s", self.node, exc)
-            await asyncio.sleep(ADVERTISE_S)
+            await asyncio.sleep(names.ADVERTISE_S)
 
     async def _directory(self) -> None:
-        watcher = await self.kv.watchall()
-        async for entry in watcher:
-            if entry is None:  # the initial values are all in
-                for node in list(self.remote):
-                    await self._tell_router(node)
-                continue
-            node = entry.key.split(".", 1)[0]
-            if node == self.node:
-                continue
-            keys = self.remote.setdefault(node, {})
-            advert = names.Advert.decode(entry.value or b"")
-            if entry.operation in ("DEL", "PURGE") or advert is None:
-                keys.pop(entry.key, None)
+        """The other nodes' endpoints, read from the bucket every ADVERTISE_S and handed
+        to the router, each node's full list every time (a router that restarted or
+        missed a call is repaired by the next). Read, not watched: a watch is a push
+        consumer, which a node's NATS user may not create (names.permissions); a read
+        costs one stream info and one direct get per key of another node."""
+        while True:
+            try:
+                remote = await self._read_directory()
+            except nats.errors.Error as exc:  # JetStream's API errors are nats errors too
+                log.warning("bridge %s: reading the directory failed: %s", self.node, exc)
             else:
-                keys[entry.key] = advert.subject
-            self.where = {s: n for n, ks in self.remote.items() for s in ks.values()}
-            await self._tell_router(node)
+                gone = set(self.remote) - set(remote)  # told once, with no endpoint
+                for node in gone:  # no endpoint left (or the node forgotten): no lag to show
+                    self.lags.pop(node, None)
+                self.remote = remote
+                self.where = {s: n for n, ks in remote.items() for s in ks.values()}
+                for node in sorted(gone | set(remote)):
+                    await self._tell_router(node)
+            await asyncio.sleep(names.ADVERTISE_S)
+
+    async def _read_directory(self) -> dict[str, dict[str, str]]:
+        info = await self.js.stream_info(names.KV_STREAM, subjects_filter=names.KV_SUBJECTS)
+        keys = [names.key_of_subject(s) for s in info.state.subjects or {}]
+        keys = [k for k in keys if k.split(".", 1)[0] != self.node]
+        adverts = await asyncio.gather(*(self._advert(k) for k in keys))
+        remote: dict[str, dict[str, str]] = {}
+        for key, advert in zip(keys, adverts, strict=True):
+            if advert is not None:
+                remote.setdefault(key.split(".", 1)[0], {})[key] = advert.subject
+        return remote
+
+    async def _advert(self, key: str) -> names.Advert | None:
+        try:
+            entry = await self.kv.get(key)
+        except NotFoundError:  # deleted since the stream info (a key's delete marker)
+            return None
+        return names.Advert.decode(entry.value or b"")
 
     async def _tell_router(self, node: str) -> None:
         subjects = sorted(set(self.remote.get(node, {}).values()))
@@ -218,8 +417,8 @@ class Bridge:
                 subject, signal = await queue.get()
                 node = self.where.get(subject)
                 if node is not None:
-                    body = json.dumps({"node": self.node, "signal": signal.to_wire()}).encode()
-                    await self.nc.publish(names.signal_subject(node, subject), body)
+                    body = json.dumps({"signal": signal.to_wire()}).encode()
+                    await self.nc.publish(names.signal_subject(node, self.node, subject), body)
         finally:
             stop()
 
@@ -231,14 +430,13 @@ class Bridge:
         async def received(message: Any) -> None:
             _offer(queue, message)
 
-        await self.nc.subscribe(names.signal_subject(self.node, ">"), cb=received)
+        await self.nc.subscribe(names.signals_for(self.node), cb=received)
         while True:
             message = await queue.get()
-            subject = message.subject.split(".", names.SIGNAL_PREFIX_TOKENS)[-1]
+            origin, subject = names.split_signal(message.subject)
             try:
                 body = json.loads(message.data)
                 signal = Signal.from_wire(body["signal"])
-                origin = names.check_node(body["node"])
                 data = {**(signal.data or {}), names.RELAYED_MARK: origin}
                 self.client.signal(subject, replace(signal, data=data), wait=False)
             except (RelayError, ValueError, KeyError, TypeError) as exc:
@@ -246,11 +444,15 @@ class Bridge:
 
     # ------------------------------------------------------------------ status
 
+    def _server(self) -> str:
+        url = self.nc.connected_url
+        return _where(url.geturl()) if url else ""
+
     def _seen(self) -> dict[str, Any]:
         """What `relay status` shows of the cluster, sent with each relay_take."""
         return {
-            "server": str(self.nc.connected_url.netloc if self.nc.connected_url else ""),
-            "servers": sorted(str(u.netloc) for u in self.nc.servers),
+            "server": self._server(),
+            "servers": sorted(_where(u.geturl()) for u in self.nc.servers),
             "lag": dict(self.lags),
         }
 
@@ -266,7 +468,7 @@ class Bridge:
                     self.lags[node] = info.num_pending + info.num_ack_pending
                 except Exception:  # not created yet, or the cluster busy: keep the last
                     continue
-            await asyncio.sleep(ADVERTISE_S)
+            await asyncio.sleep(names.ADVERTISE_S)
 
     # ------------------------------------------------------------------ outbound
 

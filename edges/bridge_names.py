@@ -56,12 +56,24 @@ def origin_of(subject: str) -> str:
     return subject.rsplit(".", 1)[-1]
 
 
-def signal_subject(node: str, subject: str) -> str:
-    """Core NATS subject of a signal for an endpoint of ``node`` (never stored)."""
-    return f"relay.signal.{node}.{subject}"
+def signal_subject(node: str, origin: str, subject: str) -> str:
+    """Core NATS subject of a signal from ``origin`` for an endpoint of ``node`` (never
+    stored). The origin is a token of the subject, not a field of the body, so that NATS
+    permissions tie it to the publishing user, as for the streams."""
+    return f"relay.signal.{node}.from.{origin}.{subject}"
 
 
-SIGNAL_PREFIX_TOKENS = 3  # relay.signal.<node>.
+def signals_for(node: str) -> str:
+    return f"relay.signal.{node}.from.*.>"
+
+
+def split_signal(subject: str) -> tuple[str, str]:
+    """The origin node and the endpoint subject of a signal's NATS subject."""
+    tokens = subject.split(".", SIGNAL_PREFIX_TOKENS)
+    return tokens[4], tokens[-1]
+
+
+SIGNAL_PREFIX_TOKENS = 5  # relay.signal.<node>.from.<origin>.
 RELAYED_MARK = "relayedFrom"  # in a re-emitted signal's data: never forwarded again
 
 
@@ -77,6 +89,51 @@ def consumer_of(node: str) -> str:
 
 def key_of(node: str, endpoint_hash: str) -> str:
     return f"{node}.{endpoint_hash}"
+
+
+KV_STREAM = f"KV_{BUCKET}"  # the stream behind the bucket (nats-py's naming)
+KV_SUBJECTS = f"$KV.{BUCKET}.>"
+
+
+def key_of_subject(subject: str) -> str:
+    """``$KV.relay-endpoints.<node>.<hash>`` -> ``<node>.<hash>``."""
+    return subject.split(".", 2)[2]
+
+
+def inbox_prefix(node: str) -> str:
+    """Where NATS answers this node's bridge (PubAcks, API replies, fetched messages):
+    one prefix per node, so that a node's user subscribes to its own replies only and
+    cannot read what another node fetches from its stream."""
+    return f"_INBOX.relay.{node}"
+
+
+def permissions(node: str) -> dict[str, dict[str, list[str]]]:
+    """The NATS permissions a node's bridge needs, and no more (docs/federation.md,
+    "Running it with an existing NATS deployment"; tests/test_federation_auth.py runs
+    the bridges under exactly these). No right to create or change a stream or a
+    consumer: a user who may create a push consumer can have the server deliver stored
+    messages to a subject it may not publish to (nats-server issue 8274), and one who
+    may create a stream can republish or source into another's; so the bucket, the
+    streams and the durable consumers are made beforehand (`relay bridge --setup`, by
+    a user with those rights)."""
+    stream, consumer = stream_of(node), consumer_of(node)
+    api = "$JS.API"
+    return {
+        "publish": {
+            "allow": [
+                f"relay.fed.*.from.{node}",  # parts for any node, as origin <node> only
+                f"relay.signal.*.from.{node}.>",
+                f"$KV.{BUCKET}.{node}.>",  # its own endpoints in the directory
+                f"{api}.STREAM.INFO.{KV_STREAM}",  # open the bucket, list its keys
+                f"{api}.DIRECT.GET.{KV_STREAM}.>",  # read the other nodes' keys
+                f"{api}.STREAM.INFO.{stream}",
+                f"{api}.CONSUMER.INFO.*.*",  # its consumer, and every node's lag
+                f"{api}.CONSUMER.MSG.NEXT.{stream}.{consumer}",  # fetch
+                f"$JS.ACK.{stream}.{consumer}.>",  # ack, nak, term
+            ]
+        },
+        "subscribe": {"allow": [f"{inbox_prefix(node)}.>", signals_for(node)]},
+    }
 
 
 def encode_part(part: dict[str, Any]) -> bytes:
@@ -101,12 +158,13 @@ def decode_part(data: bytes) -> tuple[list[str], Envelope]:
 
 @dataclass(frozen=True, slots=True)
 class Advert:
-    """One endpoint in the KV bucket."""
+    """One endpoint in the KV bucket, put again by its node's bridge every ADVERTISE_S."""
 
     subject: str
     node: str
     registered_at: int
     depth: int
+    advertised_at: int = 0  # unix ms of this put: a node whose keys are fresh is running
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -115,6 +173,7 @@ class Advert:
                 "node": self.node,
                 "registeredAt": self.registered_at,
                 "depth": self.depth,
+                "advertisedAt": self.advertised_at,
             }
         ).encode()
 
@@ -122,9 +181,25 @@ class Advert:
     def decode(cls, data: bytes) -> Advert | None:
         try:
             d = json.loads(data)
-            return cls(validate(d["subject"]), check_node(d["node"]), d["registeredAt"], d["depth"])
+            return cls(
+                validate(d["subject"]),
+                check_node(d["node"]),
+                d["registeredAt"],
+                d["depth"],
+                d.get("advertisedAt", 0),
+            )
         except (ValueError, KeyError, TypeError, RelayError):
             return None  # a foreign or damaged key: not an endpoint
+
+
+ADVERTISE_S = 2.0  # how often a bridge puts its node's keys again
+LIVE_MS = int(5 * ADVERTISE_S * 1000)  # a key put more recently: its bridge is running
+
+
+def running(adverts: list[Advert | None], now_ms: int) -> bool:
+    """Whether a node's bridge looks alive from its keys (hosts' clocks agree, as for
+    TTLs: docs/federation.md)."""
+    return any(a is not None and now_ms - a.advertised_at < LIVE_MS for a in adverts)
 
 
 class Settle(enum.Enum):

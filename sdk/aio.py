@@ -91,8 +91,8 @@ class AsyncClient:
 
     # ------------------------------------------------------------------ endpoints
 
-    async def register_endpoint(self, subject: str) -> EndpointInfo:
-        return await asyncio.to_thread(self.sync.register_endpoint, subject)
+    async def register_endpoint(self, subject: str, *, shared: bool | None = None) -> EndpointInfo:
+        return await asyncio.to_thread(self.sync.register_endpoint, subject, shared=shared)
 
     async def unregister_endpoint(self, subject: str) -> bool:
         return await asyncio.to_thread(self.sync.unregister_endpoint, subject)

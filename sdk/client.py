@@ -106,8 +106,14 @@ class Client(ClientPlumbing):
 
     # ------------------------------------------------------------------ endpoints
 
-    def register_endpoint(self, subject: str) -> EndpointInfo:
-        return EndpointInfo.from_wire(self._call("register", subject=subjects.validate(subject)))
+    def register_endpoint(self, subject: str, *, shared: bool | None = None) -> EndpointInfo:
+        """Register a mailbox for ``subject`` (idempotent). ``shared=True`` advertises it
+        to other nodes through the federation bridge, ``False`` stops that; the default
+        leaves a registered endpoint as it is and makes a new one node-local."""
+        fields: dict[str, Any] = {"subject": subjects.validate(subject)}
+        if shared is not None:
+            fields["shared"] = shared
+        return EndpointInfo.from_wire(self._call("register", **fields))
 
     def unregister_endpoint(self, subject: str) -> bool:
         return bool(self._call("unregister", subject=subjects.validate(subject))["removed"])

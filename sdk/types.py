@@ -405,6 +405,7 @@ class EndpointInfo:
     hash: str  # first 12 hex chars of sha256(subject): the mailbox directory name
     maildir_path: str
     registered_at: int  # unix ms
+    shared: bool = False  # advertised to other nodes by the federation bridge
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -412,6 +413,7 @@ class EndpointInfo:
             "hash": self.hash,
             "maildirPath": self.maildir_path,
             "registeredAt": self.registered_at,
+            "shared": self.shared,
         }
 
     @classmethod
@@ -427,6 +429,7 @@ class EndpointInfo:
             hash=digest,
             maildir_path=get_field(d, "maildirPath", str, path),
             registered_at=get_field(d, "registeredAt", int, path, minimum=0),
+            shared=get_field(d, "shared", bool, path, default=False),
         )
 
 

@@ -9,6 +9,7 @@ that none is left behind.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -74,6 +75,13 @@ def park_io_thread(client: Client) -> threading.Event:
 def depth(client: Client, subject: str) -> int:
     """How many messages wait in an endpoint's new/, as `status` reports it."""
     return next(e["depth"] for e in client.status()["endpoints"] if e["subject"] == subject)
+
+
+def write_auth(home: Home, data: dict[str, Any]) -> None:
+    """Replace a home's auth.json at once (the router reads it again when it changes)."""
+    tmp = home.root / ".auth.json.tmp"
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, home.auth_file)
 
 
 def free_port() -> int:

@@ -78,6 +78,21 @@ def test_an_advert_round_trips_and_a_foreign_key_is_ignored():
 
 
 def test_a_signal_from_another_node_is_never_forwarded_again():
-    assert names.signal_subject("b", "relay.agent.b.x") == "relay.signal.b.relay.agent.b.x"
+    subject = names.signal_subject("b", "a", "relay.agent.b.x")
+    assert subject == "relay.signal.b.from.a.relay.agent.b.x"
+    assert names.split_signal(subject) == ("a", "relay.agent.b.x")
     assert names.forwardable(None) and names.forwardable({"progress": 1})
     assert not names.forwardable({names.RELAYED_MARK: "a"})
+
+
+def test_a_node_is_running_while_one_of_its_keys_is_fresh():
+    now = 1_000_000
+
+    def put(ago_ms: int) -> names.Advert:
+        return names.Advert("relay.agent.a.x", "a", 5, 2, now - ago_ms)
+
+    assert names.running([put(names.LIVE_MS * 3), put(names.ADVERTISE_S * 1000)], now)
+    assert not names.running([put(names.LIVE_MS), None], now)
+    assert not names.running([], now)
+    older = b'{"subject": "relay.agent.a.x", "node": "a", "registeredAt": 5, "depth": 2}'
+    assert names.Advert.decode(older).advertised_at == 0  # put by a bridge before this one

@@ -258,8 +258,16 @@ def test_cli_publishes_and_lists(broker):
     assert '"deliveredTo": 1' in out.stdout
     listing = broker.relay("endpoints")
     assert A in listing.stdout and " 1" in listing.stdout
+    assert row_of(listing.stdout, A)[-1] == "no"  # the SHARED column: node-local
+    shared = broker.relay("endpoints", "register", A, "--shared", "--json")
+    assert shared.returncode == 0 and '"shared": true' in shared.stdout, shared.stderr
+    assert row_of(broker.relay("endpoints").stdout, A)[-1] == "yes"
     bad = broker.relay("publish", "a..b", "x", "--from", SENDER)
     assert bad.returncode == 1 and "invalid_subject" in bad.stderr
+
+
+def row_of(table: str, subject: str) -> list[str]:
+    return next(line.split() for line in table.splitlines() if subject in line)
 
 
 def test_sigterm_to_router_stops_it_cleanly():

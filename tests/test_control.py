@@ -15,7 +15,7 @@ from broker.control import MIGRATIONS, ControlPlane
 from sdk.errors import InvalidConfig, InvalidMessage, InvalidSubject
 from sdk.subjects import endpoint_hash
 from sdk.types import AccessRule, EndpointInfo, RuleAction
-from workers.sqlite import open_db, user_version
+from workers.sqlite import migrate, open_db, user_version
 
 ALLOW, DENY = RuleAction.ALLOW, RuleAction.DENY
 NOW = 1_764_108_000_000
@@ -75,6 +75,28 @@ def test_register_endpoint_returns_its_info(control: ControlPlane, home: Path) -
     assert control.get_endpoint_by_hash(digest) == info
 
 
+def test_an_endpoint_is_node_local_until_registered_shared(control: ControlPlane) -> None:
+    assert not control.register_endpoint(BACKEND, NOW).shared
+    shared = control.register_endpoint(BACKEND, NOW + 1, shared=True)
+    assert shared.shared and shared.registered_at == NOW
+    assert control.register_endpoint(BACKEND, NOW + 2).shared  # None: left as it is
+    assert control.get_endpoint(BACKEND).shared
+    assert not control.register_endpoint(BACKEND, NOW + 3, shared=False).shared
+    assert not control.list_endpoints()[0].shared
+
+
+def test_a_database_from_before_shared_endpoints_keeps_them_node_local(home: Path) -> None:
+    conn = open_db(home / "control.db")
+    migrate(conn, MIGRATIONS[:2])
+    conn.execute(
+        "INSERT INTO endpoints (subject, hash, maildir_path, registered_at) VALUES (?, ?, ?, ?)",
+        (BACKEND, endpoint_hash(BACKEND), "/m", NOW),
+    )
+    conn.close()
+    with ControlPlane(home / "control.db", home / "mailboxes") as plane:
+        assert plane.get_endpoint(BACKEND).shared is False
+
+
 def test_register_is_idempotent_and_keeps_the_first_registration(control: ControlPlane) -> None:
     first = control.register_endpoint(BACKEND, NOW)
     assert control.register_endpoint(BACKEND, NOW + 5000) == first
@@ -132,7 +154,7 @@ def test_a_hash_collision_is_refused(control: ControlPlane, home: Path) -> None:
     # Forge a row that owns BACKEND's hash under another subject.
     conn = open_db(home / "control.db")
     conn.execute(
-        "INSERT INTO endpoints VALUES (?, ?, ?, ?)",
+        "INSERT INTO endpoints VALUES (?, ?, ?, ?, 0)",
         ("relay.forged", endpoint_hash(BACKEND), "x", 1),
     )
     conn.close()

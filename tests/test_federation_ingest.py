@@ -6,7 +6,6 @@ may relay get in."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -16,7 +15,7 @@ from sdk.errors import SenderNotAllowed
 from sdk.ids import new_id
 from sdk.subjects import endpoint_hash
 from sdk.types import Budget, Envelope, default_budget
-from tests.harness import depth, wait_for
+from tests.harness import depth, wait_for, write_auth
 
 pytestmark = pytest.mark.integration
 
@@ -110,17 +109,11 @@ def test_only_the_endpoints_named_are_reached_not_every_match(broker):
     assert depth(client, "relay.agent.b.private") == 0
 
 
-def write_auth(broker, data: dict) -> None:
-    tmp = broker.home.root / ".auth.json.tmp"
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, broker.home.auth_file)
-
-
 def test_a_bridge_relays_only_the_senders_its_origin_node_may_speak_for(broker):
     client = broker.client()
     client.register_endpoint(INBOX)
     bridge = {"senders": [">"], "admin": True, "relays": {"a": ["relay.agent.a.>"]}}
-    write_auth(broker, {"uids": {str(os.getuid()): bridge}})
+    write_auth(broker.home, {"uids": {str(os.getuid()): bridge}})
 
     def refused(envelope: Envelope, node: str) -> bool:
         try:

@@ -5,15 +5,18 @@ far node exactly once, whatever is killed with -9 in the middle."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
+from typing import Any
 
 import pytest
 
 from sdk.client import Client
 from sdk.types import Envelope, Signal, SignalType
-from tests.harness import Broker, wait_for
+from tests.harness import Broker, wait_for, write_auth
 from tests.nats_cluster import NatsCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -24,9 +27,27 @@ BURST = 300
 
 
 class Node:
-    def __init__(self, name: str, cluster: NatsCluster, share: str) -> None:
+    """A Relay home and its bridge. ``nats``: the bridge's URLs (default: the cluster's,
+    no user); ``options``: more `relay bridge` options (credentials); ``auth``: the
+    home's auth.json, written before its router starts."""
+
+    def __init__(
+        self,
+        name: str,
+        cluster: NatsCluster,
+        share: str | None,
+        *,
+        nats: Sequence[str] = (),
+        options: Sequence[str] = (),
+        auth: dict[str, Any] | None = None,
+    ) -> None:
         self.name, self.cluster, self.share = name, cluster, share
-        self.broker = Broker(shards=2).start()
+        self.nats = ",".join(nats or cluster.urls)
+        self.options = list(options)
+        self.broker = Broker(shards=2)
+        if auth is not None:
+            write_auth(self.broker.home.create(), auth)
+        self.broker.start()
         self.client = self.broker.client()
         self.client.set_config({"rateLimit": {"enabled": False}})  # bursts from one sender
 
@@ -35,13 +56,13 @@ class Node:
             "bridge",
             "bridge",
             "--nats",
-            ",".join(self.cluster.urls),
+            self.nats,
             "--node",
             self.name,
-            "--share",
-            self.share,
+            *(["--share", self.share] if self.share else []),
             "--replicas",
             "3",
+            *self.options,
         )
 
     def kill_bridge(self) -> None:
@@ -59,10 +80,10 @@ def nodes() -> Iterator[tuple[NatsCluster, Node, Node]]:
     try:
         a = Node("a", cluster, "relay.agent.a.>")
         started.append(a)
-        b = Node("b", cluster, "relay.agent.b.>")
+        b = Node("b", cluster, None)  # b's endpoint says it is shared, a's bridge does
         started.append(b)
         a.client.register_endpoint(A_AGENT)
-        b.client.register_endpoint(B_AGENT)
+        b.client.register_endpoint(B_AGENT, shared=True)
         a.start_bridge()
         b.start_bridge()
         try:
@@ -228,3 +249,25 @@ def test_a_signal_for_an_endpoint_on_b_crosses_over_core_nats(nodes):
     wait_for(arrived, 30, interval=0.2, what="a's signal on b")
     assert (seen[0].type, seen[0].state) == (SignalType.TYPING, "active")
     assert seen[0].data == {"relayedFrom": "a"}  # and so never forwarded again
+
+
+def test_a_node_forgotten_leaves_the_directory_with_the_messages_waiting_for_it(nodes):
+    cluster, a, b = nodes
+    urls = ",".join(cluster.urls)
+
+    def forget() -> subprocess.CompletedProcess:
+        return a.broker.relay("bridge", "--nats", urls, "--forget", "b", "--json", timeout=60)
+
+    refused = forget()
+    assert refused.returncode == 2 and "is running" in refused.stderr
+    b.kill_bridge()
+    result = a.client.publish(B_AGENT, {"n": 1}, sender=A_AGENT)
+    assert dict(result.remote) == {"b": (B_AGENT,)}  # it waits in b's stream
+    done: list[subprocess.CompletedProcess] = []
+    # once b's directory keys are no longer fresh (names.LIVE_MS after its last put)
+    wait_for(lambda: done.append(forget()) or done[-1].returncode == 0, 90, what="forget")
+    assert json.loads(done[-1].stdout) == {"node": "b", "endpoints": [B_AGENT], "dropped": 1}
+    wait_for(lambda: "b" not in a.client.status()["federation"]["remoteEndpoints"], 30)
+    after = a.client.publish(B_AGENT, {"n": 2}, sender=A_AGENT)
+    assert after.delivered_to == 0 and not after.remote  # no copy for a node that is gone
+    wait_for(lambda: "b" not in a.client.status()["federation"]["lag"], 30, what="b's lag gone")

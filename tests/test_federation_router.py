@@ -13,7 +13,7 @@ from concurrent.futures import Future
 import pytest
 
 from sdk.client import Client
-from sdk.errors import RelayError
+from sdk.errors import InvalidConfig, InvalidMessage, RelayError
 from sdk.subjects import endpoint_hash
 from sdk.types import Envelope
 from tests.harness import Broker, depth, wait_for
@@ -190,3 +190,35 @@ def test_a_copy_the_bridge_could_not_relay_is_unavailable(broker):
     finally:
         stop.set()
         thread.join(5)  # its held relay_take is answered within a second
+
+
+def test_an_endpoint_is_shared_when_registered_so_or_matched_by_the_config(broker):
+    """What the bridge advertises: ``shared`` in the router's endpoint list."""
+    client = broker.client()
+    client.register_endpoint(A_AGENT)
+    client.register_endpoint("relay.agent.a.team.one")
+
+    def shared() -> dict[str, bool]:
+        return {e["subject"]: e["shared"] for e in client.status()["endpoints"]}
+
+    assert shared() == {A_AGENT: False, "relay.agent.a.team.one": False}
+    assert client.register_endpoint(A_AGENT, shared=True).shared
+    client.set_config({"federation": {"shared": ["relay.agent.a.team.>"]}})
+    assert shared() == {A_AGENT: True, "relay.agent.a.team.one": True}
+    assert not client.register_endpoint(A_AGENT, shared=False).shared
+    assert shared()[A_AGENT] is False
+    client.close()
+    broker.kill("router")
+    broker.start_router()
+    broker.wait_ready()
+    after = broker.client()  # what control.db kept
+    assert after.register_endpoint(A_AGENT).shared is False
+    assert after.register_endpoint("relay.agent.a.team.one").shared
+
+
+def test_shared_must_be_a_boolean_and_the_config_patterns_valid(broker):
+    client = broker.client()
+    with pytest.raises(InvalidMessage, match="'shared' must be a boolean"):
+        client._call("register", subject=A_AGENT, shared="yes")
+    with pytest.raises(InvalidConfig, match=r"federation\.shared"):
+        client.set_config({"federation": {"shared": ["relay..bad"]}})

@@ -177,6 +177,7 @@ def test_other_wire_key_sets() -> None:
         "hash",
         "maildirPath",
         "registeredAt",
+        "shared",
     }
     assert ROUND_TRIPS["publish-result"].to_wire() == {
         "messageId": MSG_ID,

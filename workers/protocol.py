@@ -13,10 +13,13 @@ Router → writer, ``[kind, msgpack header]`` or ``[kind, header, data]``:
              decided in one pass over its socket, for this shard, in one frame (one
              send, one wake-up and one ZeroMQ part, not one per copy). A header is
              ``[token, id, endpoint, subject, sender, created_at, target, reason, code,
-             failed_at]`` and its data the file bytes; target is ``new``, ``cur``
+             failed_at, once]`` and its data the file bytes; target is ``new``, ``cur``
              (stored claimed: the router picked a waiting consumer with credit for it,
              and pushes it when ``stored`` comes back) or ``failed`` (a dead letter,
-             with the reason, code and time in its file).
+             with the reason, code and time in its file). ``once``: a copy relayed from
+             another node, which JetStream may deliver again; the writer, the one
+             place that orders every store of its shard, stores it only if the
+             endpoint has no copy of this id, else answers ``already_stored``.
 ``claim``    ``[sub, id, endpoint]``: move new/ → cur/ for subscription ``sub``.
 ``op``       ``[token, name, args]``: done, fail, requeue, purge, rebuild, watch,
              compact_remove; answered by a ``reply`` with the same token.
@@ -55,6 +58,8 @@ TARGET_NEW = "new"
 TARGET_CUR = "cur"
 TARGET_FAILED = "failed"
 
+ALREADY_STORED = "already_stored"  # a `stored` code: a `once` copy the endpoint has
+
 
 # ---------------------------------------------------------------------- the records
 # Each packs as a msgpack array (a NamedTuple is a tuple): its fields, in order, are the
@@ -74,6 +79,7 @@ class DeliveryHeader(NamedTuple):
     reason: str | None = None
     code: str | None = None
     failed_at: int | None = None
+    once: bool = False  # a relayed copy: not stored if the endpoint has this id already
 
 
 class ClaimOrder(NamedTuple):

@@ -240,8 +240,9 @@ class Writer:
     def _deliver(
         self, deliveries: list[tuple[proto.DeliveryHeader, bytes]], changes: IndexChanges
     ) -> list[bytes]:
-        items = [(self._watch(h.endpoint), h.id, data, h.target) for h, data in deliveries]
         results: list[proto.Stored] = []
+        deliveries = self._not_stored_yet(deliveries, results)
+        items = [(self._watch(h.endpoint), h.id, data, h.target) for h, data in deliveries]
         for (h, data), outcome in zip(deliveries, deliver_batch(items), strict=True):
             if isinstance(outcome, Exception):
                 error = ("storage_error", str(outcome))
@@ -272,6 +273,30 @@ class Writer:
             )
             results.append(proto.Stored(h.token, h.id, h.endpoint, outcome, None, None, h.target))
         return proto.stored(results)
+
+    def _not_stored_yet(
+        self, deliveries: list[tuple[proto.DeliveryHeader, bytes]], results: list[proto.Stored]
+    ) -> list[tuple[proto.DeliveryHeader, bytes]]:
+        """The deliveries to store: a ``once`` copy (relayed from another node) whose
+        endpoint has this id already, in its index or earlier in this batch, is answered
+        ``already_stored`` instead. The router's own check misses a copy whose writer
+        answered after the publish deadline; this one, in the process that orders the
+        shard's stores, misses nothing."""
+        kept: list[tuple[proto.DeliveryHeader, bytes]] = []
+        seen: set[tuple[str, str]] = set()
+        for h, data in deliveries:
+            key = (h.id, h.endpoint)
+            if h.once and (key in seen or self.index.has(*key)):
+                message = f"message {h.id} is already in endpoint {h.endpoint}"
+                results.append(
+                    proto.Stored(
+                        h.token, h.id, h.endpoint, None, proto.ALREADY_STORED, message, h.target
+                    )
+                )
+                continue
+            seen.add(key)
+            kept.append((h, data))
+        return kept
 
     def _unclaim(self, stored_claimed: list[tuple[str, str]]) -> None:
         """Copies stored claimed in a commit that failed: nobody will be told of them, so

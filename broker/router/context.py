@@ -28,7 +28,8 @@ from broker.router.settings import Settings
 from broker.router.signal_out import SignalOutbox
 from sdk.errors import NotAuthorized, SenderNotAllowed
 from sdk.paths import Home
-from sdk.subjects import validate
+from sdk.subjects import matches, validate
+from sdk.types import EndpointInfo
 
 
 def now_ms() -> int:
@@ -80,6 +81,13 @@ class Context:
     @property
     def config(self) -> dict[str, Any]:
         return self.settings.config
+
+    def endpoint_wire(self, info: EndpointInfo) -> dict[str, Any]:
+        """An endpoint as clients see it: ``shared`` when registered shared or matched
+        by the config's ``federation.shared`` patterns (what the bridge advertises)."""
+        patterns = self.config["federation"]["shared"]
+        shared = info.shared or any(matches(info.subject, p) for p in patterns)
+        return {**info.to_wire(), "shared": shared}
 
 
 # ---------------------------------------------------------------------- rights

@@ -29,6 +29,10 @@ class Directory:
         self.by_hash[info.hash] = info
         self._trie.insert(info.subject, info.hash)
 
+    def update(self, info: EndpointInfo) -> None:
+        """A registered endpoint's new properties (its subject and hash are the same)."""
+        self.by_subject[info.subject] = self.by_hash[info.hash] = info
+
     def remove(self, subject: str) -> EndpointInfo | None:
         info = self.by_subject.pop(subject, None)
         if info is not None:

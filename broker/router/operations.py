@@ -46,7 +46,7 @@ OPERATIONS: dict[str, Operation] = {
         rq.RemoteEndpoints.decode, federation.remote_endpoints, admin=True
     ),
     # endpoints, rules, configuration, maintenance
-    "register": Operation(rq.SubjectOnly.decode, admin.register),
+    "register": Operation(rq.Register.decode, admin.register),
     "unregister": Operation(rq.SubjectOnly.decode, admin.unregister, admin=True),
     "add_rule": Operation(rq.AddRule.decode, admin.add_rule, admin=True),
     "remove_rule": Operation(rq.RemoveRule.decode, admin.remove_rule, admin=True),

@@ -9,7 +9,15 @@ from typing import Any
 from broker.router.consumers import Session
 from broker.router.context import Context, WriterWork, now_ms
 from broker.router.jobs import Pending
-from broker.router.requests import AddRule, CompactRemove, Empty, Purge, RemoveRule, SetConfig
+from broker.router.requests import (
+    AddRule,
+    CompactRemove,
+    Empty,
+    Purge,
+    Register,
+    RemoveRule,
+    SetConfig,
+)
 from broker.router.requests import SubjectOnly as Subject
 from sdk.errors import NotAuthorized
 from sdk.paths import shard_of
@@ -27,24 +35,25 @@ def add_endpoint(ctx: Context, info: EndpointInfo) -> None:
     ctx.ledger.add_endpoint(info.hash, info.subject)
 
 
-def register(ctx: Context, session: Session, req: Subject, rid: int) -> Any:
+def register(ctx: Context, session: Session, req: Register, rid: int) -> Any:
     who = session.who
     if who is None or not (who.admin or who.may_send_as(req.subject)):
         raise NotAuthorized(
             f"{who.name if who else session.user} may register endpoints only under "
             "its own sender patterns"
         )
-    info = ctx.control.register_endpoint(req.subject, now_ms())
+    info = ctx.control.register_endpoint(req.subject, now_ms(), shared=req.shared)
     if req.subject in ctx.directory:
-        return info.to_wire()
+        ctx.directory.update(info)  # shared or not, as asked
+        return ctx.endpoint_wire(info)
     add_endpoint(ctx, info)
     shard = shard_of(info.hash, ctx.shards)
     if not ctx.writers.is_up(shard):
-        return info.to_wire()  # a writer adopts every mailbox of its shard at start
+        return ctx.endpoint_wire(info)  # a writer adopts every mailbox of its shard at start
     # Reply once the writer watches the new mailbox, so a file dropped into its new/
     # right after register() returns is noticed.
     args = {"endpoint": info.hash, "subject": req.subject}
-    return WriterWork("watch", {shard: args}, lambda job: info.to_wire())
+    return WriterWork("watch", {shard: args}, lambda job: ctx.endpoint_wire(info))
 
 
 def unregister(ctx: Context, session: Session, req: Subject, rid: int) -> Any:

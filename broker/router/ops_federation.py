@@ -72,7 +72,7 @@ def ingest(ctx: Context, session: Session, req: Ingest, rid: int) -> Any:
     plan = plan_publish(request, fresh, ctx.settings.rules, payload_json, now, gate)
     if not plan.writes:
         return publish_result(ctx, envelope.id, plan, {}, already=already)
-    return queue_writes(ctx, session, rid, plan, request, now, already=already)
+    return queue_writes(ctx, session, rid, plan, request, now, already=already, relayed=True)
 
 
 def _check_relay(session: Session, node: str, sender: str) -> None:

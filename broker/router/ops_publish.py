@@ -78,12 +78,15 @@ def queue_writes(
     now: int,
     *,
     already: int = 0,
+    relayed: bool = False,
     remote_parts: tuple[Any, dict[str, tuple[str, ...]], list[tuple[str, str, str]]] | None = None,
 ) -> Any:
     """Queue a plan's copies for the writers under one job, answered (DEFERRED) when each
     is durable or failed. ``already``: copies found stored before (an ingest), counted
-    as delivered. ``remote_parts``: (payload, parts by node, remote copies refused) of
-    a publish that reaches other nodes, handed to the bridge under the same job."""
+    as delivered; ``relayed``: an ingest's copies, which the writers store only where
+    the id is not stored yet (JetStream may deliver one twice). ``remote_parts``:
+    (payload, parts by node, remote copies refused) of a publish that reaches other
+    nodes, handed to the bridge under the same job."""
     message_id, sender = request.message_id, request.sender
     payload, parts, refused = remote_parts or (None, {}, [])
 
@@ -122,6 +125,7 @@ def queue_writes(
             reason=dead.reason if dead else None,
             code=dead.code if dead else None,
             failed_at=dead.failed_at if dead else None,
+            once=relayed,
         )
         job.copies[copy.endpoint] = copy
         job.shards.add(shard)

@@ -24,7 +24,7 @@ def endpoints(ctx: Context, session: Session, req: Empty, rid: int) -> Any:
 def _endpoint_status(ctx: Context, info: EndpointInfo) -> dict[str, Any]:
     load = ctx.reliability.pressure_of(ctx.ledger.depth(info.hash))
     return {
-        **info.to_wire(),
+        **ctx.endpoint_wire(info),
         "depth": load.depth,
         "pressure": load.ratio,
         "breaker": ctx.reliability.describe(info.hash, now_ms()),

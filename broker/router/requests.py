@@ -109,13 +109,26 @@ class Publish:
 
 @dataclass(frozen=True, slots=True)
 class SubjectOnly:
-    """register, unregister."""
+    """unregister."""
 
     subject: str
 
     @classmethod
     def decode(cls, body: Body) -> SubjectOnly:
         return cls(_subject(body))
+
+
+@dataclass(frozen=True, slots=True)
+class Register:
+    subject: str
+    shared: bool | None  # None: as it is (node-local for a new endpoint)
+
+    @classmethod
+    def decode(cls, body: Body) -> Register:
+        shared = body.get("shared")
+        if shared is not None and not isinstance(shared, bool):
+            raise InvalidMessage(f"request field 'shared' must be a boolean, got {shared!r:.40}")
+        return cls(_subject(body), shared)
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,8 +64,11 @@ def stored(ctx: Context, rows: list[proto.Stored], now: int) -> list[Push]:
             ctx.ledger.stored_new(row.id, row.endpoint)
         if late:
             continue
-        ctx.reliability.outcome(copy, success=row.stored_at is not None, now=now)
-        job.outcomes[row.endpoint] = None if row.stored_at is not None else (row.code, row.message)
+        # A relayed copy the endpoint had already is delivered, and the endpoint's
+        # ledger knows it from its first store.
+        durable = row.stored_at is not None or row.code == proto.ALREADY_STORED
+        ctx.reliability.outcome(copy, success=durable, now=now)
+        job.outcomes[row.endpoint] = None if durable else (row.code, row.message)
         _answered(ctx, row.token, job)
     return pushes
 

@@ -34,7 +34,7 @@ OPERATIONS: list[tuple[str, str, str, list[dict], dict | None, int]] = [
     ("post", "/api/publish", "Publish a message", [], _ref("PublishRequest"), 200),
     ("post", "/api/signals", "Send an ephemeral signal", [], _ref("SignalRequest"), 200),
     ("get", "/api/endpoints", "Endpoints with depth, pressure and breaker state", [], None, 200),
-    ("post", "/api/endpoints", "Register an endpoint", [], _ref("SubjectRequest"), 201),
+    ("post", "/api/endpoints", "Register an endpoint", [], _ref("RegisterRequest"), 201),
     ("delete", "/api/endpoints/{subject}", "Unregister (mail is kept)", [SUBJECT], None, 200),
     (
         "get",
@@ -146,10 +146,16 @@ SCHEMAS: dict[str, Any] = {
             "from": {"type": "string"},
         },
     },
-    "SubjectRequest": {
+    "RegisterRequest": {
         "type": "object",
         "required": ["subject"],
-        "properties": {"subject": {"type": "string"}},
+        "properties": {
+            "subject": {"type": "string"},
+            "shared": {
+                "type": "boolean",
+                "description": "advertise to other nodes (federation); omitted: as it is",
+            },
+        },
     },
     "EndpointRequest": {
         "type": "object",

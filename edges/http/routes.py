@@ -144,7 +144,10 @@ async def list_endpoints(request: Request) -> Response:
 async def register_endpoint(request: Request) -> Response:
     session = await session_of(request)
     body = await json_body(request)
-    info = await session.client.register_endpoint(field(body, "subject", str))
+    subject = field(body, "subject", str)
+    info = await session.client.register_endpoint(
+        subject, shared=field(body, "shared", bool, required=False)
+    )
     return JSONResponse(info.to_wire(), status_code=201)
 
 

@@ -16,8 +16,10 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from sdk.errors import Unavailable
+from sdk.ids import new_id
 from sdk.subjects import matches
-from sdk.types import AccessRule, RuleAction
+from sdk.types import AccessRule, Envelope, PublishResult, RuleAction, default_budget
 from tests.model.knobs import (
     CONSUMER,
     FROM_PATTERNS,
@@ -48,6 +50,7 @@ class DeliveryMachine(RuleBasedStateMachine):
         # The step of the last restart: restarts cost a second or more and Hypothesis
         # may enable few rules in a sequence, so at most one every RESTART_EVERY steps.
         self.restarted = {"router": -RESTART_EVERY, "writer": -RESTART_EVERY}
+        self.relayed: list[Envelope] = []  # messages handed in from another node
 
     def teardown(self) -> None:
         self.world.close()
@@ -185,6 +188,46 @@ class DeliveryMachine(RuleBasedStateMachine):
             return
         futures = [client.publish_async(to, {"n": n}, sender=sender) for n in range(count)]
         self._published([(to, sender, outcome(f)) for f in futures], ordered=True)
+
+    @allowed("relay_in")
+    @rule(
+        sender=st.sampled_from(SENDERS),
+        to=st.sampled_from(POOL),
+        again=st.one_of(st.none(), st.integers(0, 7)),
+        deliveries=st.integers(1, 3),
+    )
+    @counted
+    def relay_in(self, sender: str, to: str, again: int | None, deliveries: int) -> None:
+        """A message relayed from another node (ingest, as a federation bridge hands it
+        in), new or one handed in before, delivered 1-3 times at once as JetStream may:
+        stored once per endpoint however often it comes. The first delivery is answered
+        like a publish (nothing refused while everything runs); those at the same time
+        may be told to come back (``unavailable``: a copy is being stored)."""
+        first_time = again is None or not self.relayed
+        if first_time:
+            now = int(time.time() * 1000)
+            envelope = Envelope(new_id(), to, sender, None, default_budget(now), now, {"n": 0})
+            self.relayed.append(envelope)
+        else:
+            envelope = self._pick(self.relayed, again)
+            self.note(f"again {envelope.id} to {envelope.subject}")
+        checker = self.world.checker
+        futures = [
+            checker.ingest_async(envelope, [envelope.subject], node="far")
+            for _ in range(deliveries)
+        ]
+        results = [outcome(f) for f in futures]
+        if first_time:
+            self._published([(envelope.subject, envelope.sender, results[0])], ordered=False)
+        elif isinstance(results[0], PublishResult):
+            wrong = self.model.relayed_again(envelope.subject, envelope.sender, results[0])
+            if wrong:
+                fail(self.world, self.model, "ingest answered wrongly", wrong)
+        else:
+            fail(self.world, self.model, "ingest refused", [repr(results[0])])
+        others = [r for r in results[1:] if not isinstance(r, PublishResult | Unavailable)]
+        if others:
+            fail(self.world, self.model, "a repeated ingest answered wrongly", [*map(repr, others)])
 
     @allowed("publish_concurrently")
     @rule(

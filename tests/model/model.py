@@ -124,6 +124,37 @@ class Model:
             f"rejected={sorted(want[1])} ({dict(result.details)}){known}"
         ]
 
+    def relayed_again(self, subject: str, sender: str, result: PublishResult) -> list[str]:
+        """A message relayed from another node handed in again (a JetStream redelivery,
+        after its first ingest was answered): endpoints that have its id count as
+        delivered and get nothing; endpoints registered since get a copy (or a dead
+        letter, denied); with no endpoint left it is a no_match dead letter, once."""
+        self.seq += 1
+        message_id, delivered, refused = result.message_id, 0, set()
+        targets = self.targets(subject)
+        for s, h in targets:
+            if (message_id, h) in self.copies:
+                delivered += 1
+                continue
+            denied = self.denied(sender, s)
+            epoch = self.world.order_epoch[h]
+            self.copies[(message_id, h)] = Copy(message_id, h, s, self.seq, denied, False, epoch)
+            if denied:
+                refused.add((h, "access_denied"))
+            else:
+                delivered += 1
+        if not targets and message_id not in self.unroutable:
+            self.unroutable.add(message_id)
+            refused.add(("*", "no_match"))
+        got = (result.delivered_to, set(result.rejected))
+        if got == (delivered, refused):
+            return []
+        return [
+            f"ingest #{self.seq} {message_id} again to {subject} from {sender}: answered "
+            f"delivered_to={got[0]} rejected={sorted(got[1])}, expected "
+            f"delivered_to={delivered} rejected={sorted(refused)}"
+        ]
+
     # ------------------------------------------------------------------ checks
 
     def check(self, snap: Snapshot, mailboxes: Path) -> tuple[list[str], list[str]]:

@@ -1,0 +1,83 @@
+"""A copy relayed from another node (``once`` in its delivery header) is stored by the
+writer only if its endpoint has no copy of that id: JetStream may deliver a message
+again after the router stopped waiting for the first store (docs/federation.md), and
+the writer, which orders every store of its shard, is where a second copy is caught."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import zmq
+
+from sdk.ids import new_id
+from sdk.paths import Home
+from sdk.subjects import endpoint_hash
+from tests.test_faults import wait_for_stored
+from workers import protocol as proto
+from workers.writer import Writer
+
+SUBJECT = "relay.agent.b.inbox"
+
+
+@pytest.fixture
+def writer(tmp_path):
+    home = Home(tmp_path / "home").create()
+    ctx = zmq.Context()
+    results = ctx.socket(zmq.PULL)
+    results.setsockopt(zmq.RCVTIMEO, 10_000)
+    results.bind(home.results_address)
+    writer = Writer(home, 0, 1, ctx=zmq.Context())
+    try:
+        writer.start()
+        yield writer, results
+    finally:
+        writer.close()
+        ctx.destroy(0)
+
+
+def relayed(token: int, message_id: str, *, once: bool = True) -> proto.DeliveryHeader:
+    return proto.DeliveryHeader(
+        token, message_id, endpoint_hash(SUBJECT), SUBJECT, "relay.agent.a.x", 0, once=once
+    )
+
+
+def store(writer: Writer, results: zmq.Socket, *headers: proto.DeliveryHeader) -> list:
+    writer._process([proto.deliver([(h, b'{"id": "x"}') for h in headers])])
+    kind, rows, _ = proto.decode(wait_for_stored(results))
+    assert kind == proto.STORED
+    return [proto.Stored(*row) for row in rows]
+
+
+def test_a_relayed_copy_already_claimed_is_not_stored_again(writer):
+    writer, results = writer
+    mailbox = writer._watch(endpoint_hash(SUBJECT))
+    message_id = new_id(int(time.time() * 1000))
+    (first,) = store(writer, results, relayed(1, message_id))
+    assert first.stored_at is not None
+    mailbox.claim(message_id, int(time.time() * 1000))  # a consumer holds it
+    (again,) = store(writer, results, relayed(2, message_id))
+    assert (again.stored_at, again.code) == (None, proto.ALREADY_STORED)
+    assert mailbox.list_new() == []  # not offered a second time
+    assert len(os.listdir(mailbox.cur_dir)) == 1
+
+
+def test_two_relayed_copies_of_one_id_in_one_commit_store_one(writer):
+    writer, results = writer
+    mailbox = writer._watch(endpoint_hash(SUBJECT))
+    message_id = new_id(int(time.time() * 1000))
+    rows = store(writer, results, relayed(1, message_id), relayed(2, message_id))
+    assert sorted(r.code or "stored" for r in rows) == [proto.ALREADY_STORED, "stored"]
+    assert mailbox.list_new() == [message_id]
+    assert writer.index.has(message_id, endpoint_hash(SUBJECT))
+
+
+def test_a_local_copy_is_not_looked_up(writer):
+    """Ids a router made are new: only relayed copies pay for the lookup, and a local
+    copy with a known id (never sent by a router) is stored as told."""
+    writer, results = writer
+    message_id = new_id(int(time.time() * 1000))
+    store(writer, results, relayed(1, message_id, once=False))
+    (again,) = store(writer, results, relayed(2, message_id, once=False))
+    assert again.stored_at is not None and again.code is None
