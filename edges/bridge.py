@@ -500,6 +500,8 @@ class Bridge:
                     await asyncio.sleep(0.2)
                     continue
                 parts = answer["parts"]
+                if not parts:  # held a while, nothing came
+                    continue
                 window.take(len(parts))
                 outcomes = [await self._publish(part) for part in parts]
                 # one timer per take: a PubAck lost with its server is never answered
