@@ -35,7 +35,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import nats
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import ConsumerConfig, KeyValueConfig, StorageType, StreamConfig
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
@@ -474,59 +473,118 @@ class Bridge:
     # ------------------------------------------------------------------ outbound
 
     async def _outbound(self) -> None:
-        while True:
-            try:
-                answer = await _result(
-                    self.client.request(
-                        "relay_take", node=self.node, limit=FETCH_BATCH, cluster=self._seen()
+        """Take, publish, confirm, overlapped: the next ``relay_take`` is asked as soon
+        as the last one's parts are handed to JetStream, and `_confirm` tells the router
+        which parts have their PubAck, whatever take they came from. At most
+        OUTBOUND_WINDOW parts are between take and confirmation."""
+        window = _Window(names.OUTBOUND_WINDOW)
+        acked: list[list[Any]] = []  # [token, node, error] of the parts JetStream answered
+        answered = asyncio.Event()
+
+        def landed(part: dict[str, Any], outcome: asyncio.Future) -> None:
+            acked.append([part["token"], part["node"], _refusal(part, outcome)])
+            answered.set()
+
+        confirming = asyncio.create_task(self._confirm(acked, answered, window))
+        try:
+            while True:
+                room = await window.room()
+                try:
+                    answer = await _result(
+                        self.client.request(
+                            "relay_take", node=self.node, limit=room, cluster=self._seen()
+                        )
                     )
+                except RelayError as exc:
+                    log.warning("bridge %s: relay_take failed: %s", self.node, exc)
+                    await asyncio.sleep(0.2)
+                    continue
+                parts = answer["parts"]
+                if not parts:  # held a while, nothing came
+                    continue
+                window.take(len(parts))
+                outcomes = [await self._publish(part) for part in parts]
+                # one timer per take: a PubAck lost with its server is never answered
+                asyncio.get_running_loop().call_later(
+                    names.PUBLISH_TIMEOUT_S, _cancel_all, outcomes
                 )
-            except RelayError as exc:
-                log.warning("bridge %s: relay_take failed: %s", self.node, exc)
-                await asyncio.sleep(0.2)
-                continue
-            parts = answer["parts"]
-            if not parts:
-                continue
-            outcomes = await asyncio.gather(*(self._publish(p) for p in parts))
-            confirmations = [
-                [p["token"], p["node"], err] for p, err in zip(parts, outcomes, strict=True)
-            ]
+                for part, outcome in zip(parts, outcomes, strict=True):
+                    outcome.add_done_callback(lambda done, part=part: landed(part, done))
+        finally:
+            confirming.cancel()
+
+    async def _confirm(
+        self, acked: list[list[Any]], answered: asyncio.Event, window: _Window
+    ) -> None:
+        """Answer the router with ``relayed`` for every part JetStream has answered, one
+        request in flight: those answered meanwhile go together in the next."""
+        while True:
+            await answered.wait()
+            answered.clear()
+            confirmations = acked[:]
+            acked.clear()
             try:
                 await _result(self.client.request("relayed", parts=confirmations))
             except RelayError as exc:  # the publishes get `unavailable` at their deadline
                 log.warning("bridge %s: relayed failed: %s", self.node, exc)
+            window.give(len(confirmations))
 
-    async def _publish(self, part: dict[str, Any]) -> str | None:
-        """None once JetStream has the part (PubAck), else why not."""
+    async def _publish(self, part: dict[str, Any]) -> asyncio.Future:
+        """Hand one part to JetStream without waiting for it: the future holds its PubAck
+        (Nats-Msg-Id, the message id, makes a second publish of it no second copy)."""
         subject = names.outbound(part["node"], self.node)
         headers = {"Nats-Msg-Id": part["envelope"]["id"]}
         try:
-            await self.js.publish(subject, names.encode_part(part), headers=headers)
-            return None
-        except Exception as exc:  # every failure is the same answer: not confirmed
-            return f"JetStream did not take it for node {part['node']}: {exc!r:.200}"
+            return await self.js.publish_async(subject, names.encode_part(part), headers=headers)
+        except Exception as exc:  # not sent (disconnected, buffer full): not confirmed
+            failed = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return failed
 
     # ------------------------------------------------------------------ inbound
 
     async def _inbound(self) -> None:
-        while True:
-            try:
-                messages = await self.sub.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S)
-            except NatsTimeout:
-                continue
-            except nats.errors.Error as exc:
-                log.warning("bridge %s: fetch failed: %s", self.node, exc)
-                await asyncio.sleep(0.2)
-                continue
-            await asyncio.gather(*(self._deliver(m) for m in messages))
+        """Fetch, ingest, settle, overlapped: the next fetch is asked while the last
+        one's messages wait for their ingest answers, at most INBOUND_WINDOW (what
+        JetStream lets the consumer hold) fetched and not yet settled."""
+        window = _Window(names.INBOUND_WINDOW)
+        delivering: set[asyncio.Task] = set()
+
+        def settled(task: asyncio.Task) -> None:
+            delivering.discard(task)
+            window.give(1)
+
+        try:
+            while True:
+                room = await window.room()
+                try:
+                    messages = await self.sub.fetch(min(room, FETCH_BATCH), timeout=FETCH_WAIT_S)
+                except TimeoutError:  # nothing came: nats-py raises its own or,
+                    continue  # when the server's answer comes at the deadline, asyncio's
+                except nats.errors.Error as exc:
+                    log.warning("bridge %s: fetch failed: %s", self.node, exc)
+                    await asyncio.sleep(0.2)
+                    continue
+                window.take(len(messages))
+                for message in messages:
+                    task = asyncio.create_task(self._deliver(message))
+                    delivering.add(task)
+                    task.add_done_callback(settled)
+        finally:
+            for task in delivering:  # not acked: JetStream redelivers them
+                task.cancel()
 
     async def _deliver(self, message: Any) -> None:
+        """Ingest one stream message; ack it only on the router's answer (the copy is
+        durable), nak what may pass later, term what never will."""
         origin = names.origin_of(message.subject)
         try:
             subjects, envelope = names.decode_part(message.data)
             result = await _result(self.client.ingest_async(envelope, subjects, node=origin))
             settle = names.settle_result(result)
+            if settle is not names.Settle.ACK:
+                why = ", ".join(f"{reason} on {key}" for key, reason in result.rejected)
+                log.info("bridge %s: ingest from %s: %s (%s)", self.node, origin, settle.value, why)
         except RelayError as exc:
             settle = names.settle_error(exc)
             log.log(
@@ -545,6 +603,47 @@ class Bridge:
                 await message.term()
         except nats.errors.Error as exc:  # JetStream redelivers; ingest is idempotent
             log.warning("bridge %s: ack failed: %s", self.node, exc)
+
+
+class _Window:
+    """How many parts (or messages) a stage has in flight, at most ``size``."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.busy = 0
+        self._room = asyncio.Event()
+        self._room.set()
+
+    async def room(self) -> int:
+        """How many more may start, once at least one may."""
+        await self._room.wait()
+        return self.size - self.busy
+
+    def take(self, n: int) -> None:
+        self.busy += n
+        if self.busy >= self.size:
+            self._room.clear()
+
+    def give(self, n: int) -> None:
+        self.busy -= n
+        if self.busy < self.size:
+            self._room.set()
+
+
+def _refusal(part: dict[str, Any], outcome: asyncio.Future) -> str | None:
+    """None when JetStream has the part (its PubAck came), else why not."""
+    if outcome.cancelled():
+        why = f"no PubAck within {names.PUBLISH_TIMEOUT_S:g} s"
+    elif (error := outcome.exception()) is not None:
+        why = f"{error!r:.200}"
+    else:
+        return None
+    return f"JetStream did not take it for node {part['node']}: {why}"
+
+
+def _cancel_all(futures: list[asyncio.Future]) -> None:
+    for future in futures:
+        future.cancel()  # a no-op on one already answered
 
 
 def serve(bridge: Bridge) -> None:

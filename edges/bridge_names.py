@@ -19,6 +19,12 @@ STREAM_MAX_BYTES = 1 << 30  # 1 GiB of messages waiting for one node
 STREAM_MAX_AGE_S = 7 * 24 * 3600  # how long a node may be away
 ACK_WAIT_S = 30.0  # JetStream redelivers what a bridge took and did not ack by then
 MAX_ACK_PENDING = 256  # messages one bridge holds unacknowledged
+# The bridge's stages overlap (edges/bridge.py): it takes or fetches more while what it
+# took is still being published or ingested, up to these many in flight. Inbound: what
+# JetStream lets it hold, far below the router's 1,024 requests in flight per client.
+INBOUND_WINDOW = MAX_ACK_PENDING  # stream messages fetched, not yet acked (or naked)
+OUTBOUND_WINDOW = 256  # parts taken from the router, not yet confirmed (relayed)
+PUBLISH_TIMEOUT_S = 10.0  # no PubAck by then: the part is not confirmed
 RETRY_DELAY_S = 10.0  # a nak's delay: at least the router's 10 s publish deadline, so a
 # copy still being stored when its ingest timed out is in the index when it comes back
 # Refusals a later attempt may not meet: the bridge naks (JetStream redelivers later).

@@ -112,6 +112,7 @@ class MessageIndex:
 
     def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False) -> None:
         self.path = os.fspath(path)
+        self.readonly = readonly
         try:
             self._conn = open_db(self.path, readonly=readonly)
             self._conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
@@ -391,8 +392,12 @@ class MessageIndex:
         self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     def close(self) -> None:
-        """Checkpoint (TRUNCATE) and close: a clean stop leaves one file."""
-        checkpoint_and_close(self._conn)
+        """Checkpoint (TRUNCATE) and close: a clean stop leaves one file. A reader only
+        closes: it cannot checkpoint (SQLite refuses, after ~0.25 ms of trying)."""
+        if self.readonly:
+            self._conn.close()
+        else:
+            checkpoint_and_close(self._conn)
 
 
 def rebuild_from_maildir(

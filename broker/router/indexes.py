@@ -1,8 +1,13 @@
 """Reading the shards' message indexes for queries (trace, dead letters, pending, status).
 
-The writers own the indexes; the router opens them read-only for one query and closes
-them: a reader that stays would stop a writer's checkpoint at shutdown from truncating
-its WAL. Opening costs ~0.1 ms; queries are operator requests.
+The writers own the indexes; the router opens them read-only when a pass first needs
+them and closes them at the end of that pass (`release`, called by the loop): a reader
+that stayed would stop a writer's checkpoint at shutdown from truncating its WAL, and
+would keep reading a file the writer moved aside. Each query is its own read
+transaction, so a reader held for a pass still sees every commit made before the query.
+Opening both shards' indexes and closing them costs ~0.2 ms: once per ingest, that was
+most of a far router's time (docs/performance.md, "Federation"); once per pass, it is
+shared by every ingest the pass handles.
 """
 
 from __future__ import annotations
@@ -26,29 +31,40 @@ class Indexes:
     def __init__(self, home: Home, shards: int) -> None:
         self.home = home
         self.shards = shards
+        self._readers: dict[int, MessageIndex | None] | None = None  # this pass's
 
     @contextlib.contextmanager
     def open(self, endpoint: str | None = None) -> Iterator[list[MessageIndex]]:
         """The index of ``endpoint``'s shard, or of every shard; damaged or not yet made
-        ones are skipped (their writer rebuilds or makes them at start)."""
+        ones are skipped (their writer rebuilds or makes them at start). Open until the
+        end of the pass (`release`)."""
         shards = [shard_of(endpoint, self.shards)] if endpoint else range(self.shards)
-        indexes = []
-        for path in map(self.home.index_db, shards):
-            if not path.exists():
-                continue
-            try:
-                index = MessageIndex(path, readonly=True)
-            except StorageError as exc:
-                log.warning("index %s unreadable, skipped: %s", path, exc)
-                continue
-            if index.schema_version == 0:
-                index.close()
-                continue
-            indexes.append(index)
+        readers = self._readers if self._readers is not None else {}
+        self._readers = readers
+        for shard in shards:
+            if shard not in readers:
+                readers[shard] = self._reader(shard)
+        yield [index for shard in shards if (index := readers[shard]) is not None]
+
+    def _reader(self, shard: int) -> MessageIndex | None:
+        path = self.home.index_db(shard)
+        if not path.exists():
+            return None
         try:
-            yield indexes
-        finally:
-            for index in indexes:
+            index = MessageIndex(path, readonly=True)
+        except StorageError as exc:
+            log.warning("index %s unreadable, skipped: %s", path, exc)
+            return None
+        if index.schema_version == 0:
+            index.close()
+            return None
+        return index
+
+    def release(self) -> None:
+        """Close what this pass opened (the loop, at the end of each pass)."""
+        readers, self._readers = self._readers, None
+        for index in (readers or {}).values():
+            if index is not None:
                 index.close()
 
     def count(self, state: State, endpoint: str) -> int:

@@ -168,6 +168,7 @@ class Router:
             if now >= next_sweep:
                 self._sweep(now)
                 next_sweep = now + POLL_MS
+            self.ctx.indexes.release()  # the pass's index readers (broker/router/indexes.py)
 
     def _end_of_pass(self) -> None:
         """Send what the pass decided, claims and put-backs before the copies (a
@@ -411,6 +412,7 @@ class Router:
         """The rate-limit window survives a restart: refill it from the indexes."""
         since = now_ms() - self.ctx.reliability.limiter.window_secs * 1000
         self.ctx.reliability.seed(self.ctx.indexes.recent_publishes(since))
+        self.ctx.indexes.release()
 
 
 def _sender_of(data: bytes) -> str:
