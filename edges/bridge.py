@@ -582,11 +582,12 @@ class Bridge:
             subjects, envelope = names.decode_part(message.data)
             result = await _result(self.client.ingest_async(envelope, subjects, node=origin))
             settle = names.settle_result(result)
+            reasons = [reason for _, reason in result.rejected]
             if settle is not names.Settle.ACK:
                 why = ", ".join(f"{reason} on {key}" for key, reason in result.rejected)
                 log.info("bridge %s: ingest from %s: %s (%s)", self.node, origin, settle.value, why)
         except RelayError as exc:
-            settle = names.settle_error(exc)
+            settle, reasons = names.settle_error(exc), [exc.code]
             log.log(
                 logging.INFO if settle is names.Settle.NAK else logging.WARNING,
                 "bridge %s: ingest from %s: %s",
@@ -598,7 +599,7 @@ class Bridge:
             if settle is names.Settle.ACK:
                 await message.ack()
             elif settle is names.Settle.NAK:
-                await message.nak(delay=names.RETRY_DELAY_S)
+                await message.nak(delay=names.nak_delay(reasons))
             else:
                 await message.term()
         except nats.errors.Error as exc:  # JetStream redelivers; ingest is idempotent

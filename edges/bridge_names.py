@@ -25,6 +25,7 @@ MAX_ACK_PENDING = 256  # messages one bridge holds unacknowledged
 INBOUND_WINDOW = MAX_ACK_PENDING  # stream messages fetched, not yet acked (or naked)
 OUTBOUND_WINDOW = 256  # parts taken from the router, not yet confirmed (relayed)
 PUBLISH_TIMEOUT_S = 10.0  # no PubAck by then: the part is not confirmed
+BACKPRESSURE_RETRY_S = 1.0  # a nak's delay when only a full mailbox refused it
 RETRY_DELAY_S = 10.0  # a nak's delay: at least the router's 10 s publish deadline, so a
 # copy still being stored when its ingest timed out is in the index when it comes back
 # Refusals a later attempt may not meet: the bridge naks (JetStream redelivers later).
@@ -217,3 +218,14 @@ def settle_result(result: PublishResult) -> Settle:
 
 def settle_error(error: RelayError) -> Settle:
     return Settle.NAK if error.code in TRANSIENT else Settle.TERM
+
+
+def nak_delay(reasons: list[str]) -> float:
+    """How long JetStream waits before it hands a nak'd message in again. A mailbox
+    that was full (backpressure) stored nothing and drains as its consumer works: try
+    again soon. Anything else waits RETRY_DELAY_S, for a copy that may still be on its
+    way to a writer (unavailable, timeout) or a breaker's cooldown."""
+    transient = [r for r in reasons if r in TRANSIENT]
+    if transient and all(r == "backpressure" for r in transient):
+        return BACKPRESSURE_RETRY_S
+    return RETRY_DELAY_S

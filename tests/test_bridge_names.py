@@ -96,3 +96,11 @@ def test_a_node_is_running_while_one_of_its_keys_is_fresh():
     assert not names.running([], now)
     older = b'{"subject": "relay.agent.a.x", "node": "a", "registeredAt": 5, "depth": 2}'
     assert names.Advert.decode(older).advertised_at == 0  # put by a bridge before this one
+
+
+def test_a_full_mailbox_is_tried_again_soon_and_anything_else_later():
+    assert names.nak_delay(["backpressure"]) == names.BACKPRESSURE_RETRY_S
+    assert names.nak_delay(["backpressure", "access_denied"]) == names.BACKPRESSURE_RETRY_S
+    # a copy perhaps still on its way to a writer must be in the index when it comes back
+    for reasons in (["backpressure", "unavailable"], ["timeout"], ["circuit_open"]):
+        assert names.nak_delay(reasons) == names.RETRY_DELAY_S
