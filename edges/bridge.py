@@ -453,7 +453,8 @@ class Bridge:
         return {
             "server": self._server(),
             "servers": sorted(_where(u.geturl()) for u in self.nc.servers),
-            "lag": dict(self.lags),
+            # a node forgotten meanwhile is not shown, whatever a lag query left behind
+            "lag": {n: lag for n, lag in self.lags.items() if n == self.node or n in self.remote},
         }
 
     async def _lag(self) -> None:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
+from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from edges import bridge_names as names
 
@@ -62,16 +62,20 @@ async def forget(nc: Any, node: str, *, pull_wait_s: float = 1.0) -> Forgotten:
 
 
 async def _keys_of(js: Any, node: str) -> tuple[list[str], list[names.Advert | None]]:
+    """The node's keys in the directory and what they say. Listed from the bucket's
+    stream (one request), not with `KeyValue.keys`, whose watcher may end its listing
+    early on a busy cluster."""
     try:
         kv = await js.key_value(names.BUCKET)
-        keys = [k for k in await kv.keys() if k.startswith(f"{node}.")]
-    except (BucketNotFoundError, NoKeysError):
+        info = await js.stream_info(names.KV_STREAM, subjects_filter=names.kv_subjects_of(node))
+    except (BucketNotFoundError, NotFoundError):
         return [], []
+    keys = sorted(names.key_of_subject(s) for s in info.state.subjects or {})
     adverts = []
     for key in keys:
         try:
             adverts.append(names.Advert.decode((await kv.get(key)).value or b""))
-        except NotFoundError:  # deleted meanwhile
+        except NotFoundError:  # deleted (a delete marker is the key's last message)
             adverts.append(None)
     return keys, adverts
 

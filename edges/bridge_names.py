@@ -96,6 +96,10 @@ KV_STREAM = f"KV_{BUCKET}"  # the stream behind the bucket (nats-py's naming)
 KV_SUBJECTS = f"$KV.{BUCKET}.>"
 
 
+def kv_subjects_of(node: str) -> str:
+    return f"$KV.{BUCKET}.{node}.>"
+
+
 def key_of_subject(subject: str) -> str:
     """``$KV.relay-endpoints.<node>.<hash>`` -> ``<node>.<hash>``."""
     return subject.split(".", 2)[2]

@@ -24,12 +24,11 @@ from hypothesis import strategies as st
 from sdk import wire
 from sdk.errors import RelayError, Timeout
 from sdk.ids import new_id
-from sdk.paths import Home
 from sdk.subjects import endpoint_hash
 from tests.harness import Broker
 from workers import maildir
 from workers import protocol as proto
-from workers.writer import BEFORE_INDEX_COMMIT, Writer, shard_of
+from workers.writer import BEFORE_INDEX_COMMIT, shard_of
 
 pytestmark = pytest.mark.integration
 
@@ -331,38 +330,28 @@ def fuzz_broker():
         shutil.rmtree(sandbox, ignore_errors=True)
 
 
-def test_a_copy_stored_claimed_whose_index_commit_failed_goes_back_to_new(tmp_path):
-    home = Home(tmp_path / "home").create()
-    ctx = zmq.Context()  # the writer terms its own context when it closes
-    results = ctx.socket(zmq.PULL)
-    results.setsockopt(zmq.RCVTIMEO, 10_000)
-    results.bind(home.results_address)
-    writer = Writer(home, 0, 1, ctx=zmq.Context())
-    try:
-        writer.start()
-        endpoint = endpoint_hash("relay.agent.demo.a")
-        mailbox = writer._watch(endpoint)
-        message_id = new_id(int(time.time() * 1000))
-        header = proto.DeliveryHeader(
-            7,
-            message_id,
-            endpoint,
-            "relay.agent.demo.a",
-            "relay.agent.demo.cli",
-            0,
-            target=proto.TARGET_CUR,
-        )
-        writer.index._conn.execute("DROP TABLE messages")  # this commit's transaction fails
-        writer._process([proto.deliver([(header, b'{"id": "x"}')])])
-        # The publisher hears of a failure, and no consumer will: the file is not left
-        # claimed by nobody in cur/, it waits in new/ like a message dropped in there.
-        kind, rows, _ = proto.decode(wait_for_stored(results))
-        assert kind == proto.STORED and rows[0][3] is None and rows[0][4] == "storage_error"
-        assert mailbox.list_new() == [message_id]
-        assert os.listdir(mailbox.cur_dir) == []
-    finally:
-        writer.close()
-        ctx.destroy(0)
+def test_a_copy_stored_claimed_whose_index_commit_failed_goes_back_to_new(shard_writer):
+    writer, results = shard_writer
+    endpoint = endpoint_hash("relay.agent.demo.a")
+    mailbox = writer._watch(endpoint)
+    message_id = new_id(int(time.time() * 1000))
+    header = proto.DeliveryHeader(
+        7,
+        message_id,
+        endpoint,
+        "relay.agent.demo.a",
+        "relay.agent.demo.cli",
+        0,
+        target=proto.TARGET_CUR,
+    )
+    writer.index._conn.execute("DROP TABLE messages")  # this commit's transaction fails
+    writer._process([proto.deliver([(header, b'{"id": "x"}')])])
+    # The publisher hears of a failure, and no consumer will: the file is not left
+    # claimed by nobody in cur/, it waits in new/ like a message dropped in there.
+    kind, rows, _ = proto.decode(wait_for_stored(results))
+    assert kind == proto.STORED and rows[0][3] is None and rows[0][4] == "storage_error"
+    assert mailbox.list_new() == [message_id]
+    assert os.listdir(mailbox.cur_dir) == []
 
 
 def wait_for_stored(results: zmq.Socket) -> list[bytes]:

@@ -32,7 +32,7 @@ from sdk.ids import new_id
 from sdk.types import Envelope, Signal, SignalType, default_budget
 from tests.harness import ROOT, Broker, wait_for
 from tests.nats_cluster import NatsCluster
-from tests.test_federation_nats import A_AGENT, B_AGENT, Node
+from tests.test_federation_nats import A_AGENT, B_AGENT, Node, meet
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -116,13 +116,7 @@ def secured() -> Iterator[tuple[NatsCluster, Users, Node, Node]]:
             setup(node, cluster, users)
         a.client.register_endpoint(A_AGENT)
         b.client.register_endpoint(B_AGENT)
-        a.start_bridge()
-        b.start_bridge()
-        try:
-            wait_for(lambda: a.knows("b") and b.knows("a"), 90, what="the bridges to meet")
-        except AssertionError as exc:
-            logs = "\n".join(n.broker.log("bridge")[-2000:] for n in started)
-            raise AssertionError(f"{exc}\n{logs}\n{cluster.log(0)}") from None
+        meet(cluster, a, b)
         yield cluster, users, a, b
     finally:
         for node in started:

@@ -73,6 +73,17 @@ class Node:
         return federation["connected"] and federation["remoteEndpoints"].get(node, 0) > 0
 
 
+def meet(cluster: NatsCluster, a: Node, b: Node) -> None:
+    """Start both bridges; wait until each router knows the other node's endpoints."""
+    a.start_bridge()
+    b.start_bridge()
+    try:
+        wait_for(lambda: a.knows("b") and b.knows("a"), 90, what="the bridges to meet")
+    except AssertionError as exc:
+        logs = "\n".join(n.broker.log("bridge")[-2000:] for n in (a, b))
+        raise AssertionError(f"{exc}\n{logs}\n{cluster.log(0)}") from None
+
+
 @pytest.fixture
 def nodes() -> Iterator[tuple[NatsCluster, Node, Node]]:
     cluster = NatsCluster().start()
@@ -84,13 +95,7 @@ def nodes() -> Iterator[tuple[NatsCluster, Node, Node]]:
         started.append(b)
         a.client.register_endpoint(A_AGENT)
         b.client.register_endpoint(B_AGENT, shared=True)
-        a.start_bridge()
-        b.start_bridge()
-        try:
-            wait_for(lambda: a.knows("b") and b.knows("a"), 90, what="the bridges to meet")
-        except AssertionError as exc:
-            logs = "\n".join(n.broker.log("bridge")[-2000:] for n in started)
-            raise AssertionError(f"{exc}\n{logs}\n{cluster.log(0)}") from None
+        meet(cluster, a, b)
         yield cluster, a, b
     finally:
         for node in started:
@@ -266,7 +271,12 @@ def test_a_node_forgotten_leaves_the_directory_with_the_messages_waiting_for_it(
     done: list[subprocess.CompletedProcess] = []
     # once b's directory keys are no longer fresh (names.LIVE_MS after its last put)
     wait_for(lambda: done.append(forget()) or done[-1].returncode == 0, 90, what="forget")
-    assert json.loads(done[-1].stdout) == {"node": "b", "endpoints": [B_AGENT], "dropped": 1}
+    tries = "\n".join(f"{d.returncode}: {d.stderr[-600:]}" for d in done)
+    assert json.loads(done[-1].stdout) == {
+        "node": "b",
+        "endpoints": [B_AGENT],
+        "dropped": 1,
+    }, tries
     wait_for(lambda: "b" not in a.client.status()["federation"]["remoteEndpoints"], 30)
     after = a.client.publish(B_AGENT, {"n": 2}, sender=A_AGENT)
     assert after.delivered_to == 0 and not after.remote  # no copy for a node that is gone

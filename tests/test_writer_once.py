@@ -8,33 +8,15 @@ from __future__ import annotations
 import os
 import time
 
-import pytest
 import zmq
 
 from sdk.ids import new_id
-from sdk.paths import Home
 from sdk.subjects import endpoint_hash
 from tests.test_faults import wait_for_stored
 from workers import protocol as proto
 from workers.writer import Writer
 
 SUBJECT = "relay.agent.b.inbox"
-
-
-@pytest.fixture
-def writer(tmp_path):
-    home = Home(tmp_path / "home").create()
-    ctx = zmq.Context()
-    results = ctx.socket(zmq.PULL)
-    results.setsockopt(zmq.RCVTIMEO, 10_000)
-    results.bind(home.results_address)
-    writer = Writer(home, 0, 1, ctx=zmq.Context())
-    try:
-        writer.start()
-        yield writer, results
-    finally:
-        writer.close()
-        ctx.destroy(0)
 
 
 def relayed(token: int, message_id: str, *, once: bool = True) -> proto.DeliveryHeader:
@@ -50,8 +32,8 @@ def store(writer: Writer, results: zmq.Socket, *headers: proto.DeliveryHeader) -
     return [proto.Stored(*row) for row in rows]
 
 
-def test_a_relayed_copy_already_claimed_is_not_stored_again(writer):
-    writer, results = writer
+def test_a_relayed_copy_already_claimed_is_not_stored_again(shard_writer):
+    writer, results = shard_writer
     mailbox = writer._watch(endpoint_hash(SUBJECT))
     message_id = new_id(int(time.time() * 1000))
     (first,) = store(writer, results, relayed(1, message_id))
@@ -63,8 +45,8 @@ def test_a_relayed_copy_already_claimed_is_not_stored_again(writer):
     assert len(os.listdir(mailbox.cur_dir)) == 1
 
 
-def test_two_relayed_copies_of_one_id_in_one_commit_store_one(writer):
-    writer, results = writer
+def test_two_relayed_copies_of_one_id_in_one_commit_store_one(shard_writer):
+    writer, results = shard_writer
     mailbox = writer._watch(endpoint_hash(SUBJECT))
     message_id = new_id(int(time.time() * 1000))
     rows = store(writer, results, relayed(1, message_id), relayed(2, message_id))
@@ -73,10 +55,10 @@ def test_two_relayed_copies_of_one_id_in_one_commit_store_one(writer):
     assert writer.index.has(message_id, endpoint_hash(SUBJECT))
 
 
-def test_a_local_copy_is_not_looked_up(writer):
+def test_a_local_copy_is_not_looked_up(shard_writer):
     """Ids a router made are new: only relayed copies pay for the lookup, and a local
     copy with a known id (never sent by a router) is stored as told."""
-    writer, results = writer
+    writer, results = shard_writer
     message_id = new_id(int(time.time() * 1000))
     store(writer, results, relayed(1, message_id, once=False))
     (again,) = store(writer, results, relayed(2, message_id, once=False))
