@@ -241,15 +241,12 @@ class AsyncClient:
 class Connecting:
     """What `connect` returns: await it for a client, or ``async with`` it."""
 
-    def __init__(
-        self, home: str | os.PathLike[str] | None, address: str | None, timeout: float
-    ) -> None:
-        self._args = (home, address, timeout)
+    def __init__(self, home: str | os.PathLike[str] | None, **options: Any) -> None:
+        self._home, self._options = home, options
         self._client: AsyncClient | None = None
 
     async def _open(self) -> AsyncClient:
-        home, address, timeout = self._args
-        sync = await asyncio.to_thread(_connect, home, address=address, timeout=timeout)
+        sync = await asyncio.to_thread(_connect, self._home, **self._options)
         return AsyncClient(sync)
 
     def __await__(self) -> Generator[Any, None, AsyncClient]:
@@ -269,13 +266,18 @@ def connect(
     *,
     address: str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    key_file: str | os.PathLike[str] | None = None,
+    server_key: str | os.PathLike[str] | None = None,
 ) -> Connecting:
     """Connect to the broker of a data directory (default $RELAY_HOME or ~/.dork/relay).
 
     ``client = await connect()`` or ``async with connect() as client``; raises
     `sdk.errors.Unavailable` when no broker answers within ``timeout`` seconds.
+    ``key_file`` and ``server_key``: CURVE on tcp://, as for `sdk.client.connect`.
     """
-    return Connecting(home, address, timeout)
+    return Connecting(
+        home, address=address, timeout=timeout, key_file=key_file, server_key=server_key
+    )
 
 
 async def _awaited(awaitable: Awaitable[Any]) -> Any:

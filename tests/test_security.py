@@ -8,6 +8,7 @@ commands.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -403,3 +404,23 @@ def test_pid_files_are_owner_only_whatever_the_umask(no_umask, broker):  # no_um
     assert [p.name for p in pid_files] == ["router.pid", "writer-0.pid", "writer-1.pid"]
     for path in pid_files:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+def test_the_async_sdk_connects_with_a_curve_key(tcp_broker):
+    from sdk import aio
+
+    async def publish() -> int:
+        async with aio.connect(
+            tcp_broker.home.root,
+            **{
+                **tcp_broker.client_options,
+                "key_file": tcp_broker.home.keys / "projA.key_secret",
+            },
+        ) as client:
+            await client.register_endpoint(f"{PROJ_A}.inbox")
+            result = await client.publish(f"{PROJ_A}.inbox", {"n": 1}, sender=f"{PROJ_A}.w")
+            with pytest.raises(SenderNotAllowed):  # acting as projA, not as the owner
+                await client.publish(f"{PROJ_A}.inbox", {"n": 2}, sender="relay.agent.other")
+            return result.delivered_to
+
+    assert asyncio.run(publish()) == 1
