@@ -225,6 +225,24 @@ async def ensure(js: Any, node: str, replicas: int) -> tuple[Any, Any]:
     return kv, sub
 
 
+async def read_adverts(js: Any, kv: Any, subjects: str) -> dict[str, names.Advert | None]:
+    """The directory's keys under ``subjects`` and what each says (None: deleted, or not
+    an advert): one stream info lists them, one direct get per key reads them. Not
+    `KeyValue.keys`: its watcher is a push consumer, which a node's user may not create
+    (names.permissions), and it may end its listing early on a busy cluster."""
+    info = await js.stream_info(names.KV_STREAM, subjects_filter=subjects)
+    keys = sorted(names.key_of_subject(s) for s in info.state.subjects or {})
+    return dict(zip(keys, await asyncio.gather(*(_advert(kv, k) for k in keys)), strict=True))
+
+
+async def _advert(kv: Any, key: str) -> names.Advert | None:
+    try:
+        entry = await kv.get(key)
+    except NotFoundError:  # deleted since the stream info (a key's delete marker)
+        return None
+    return names.Advert.decode(entry.value or b"")
+
+
 def replicas_for(nc: Any, replicas: int | None) -> int:
     """R3 when the client sees three servers (or more), fewer with fewer."""
     return replicas or min(3, max(1, len(nc.servers)))
@@ -375,22 +393,12 @@ class Bridge:
             await asyncio.sleep(names.ADVERTISE_S)
 
     async def _read_directory(self) -> dict[str, dict[str, str]]:
-        info = await self.js.stream_info(names.KV_STREAM, subjects_filter=names.KV_SUBJECTS)
-        keys = [names.key_of_subject(s) for s in info.state.subjects or {}]
-        keys = [k for k in keys if k.split(".", 1)[0] != self.node]
-        adverts = await asyncio.gather(*(self._advert(k) for k in keys))
         remote: dict[str, dict[str, str]] = {}
-        for key, advert in zip(keys, adverts, strict=True):
-            if advert is not None:
-                remote.setdefault(key.split(".", 1)[0], {})[key] = advert.subject
+        for key, advert in (await read_adverts(self.js, self.kv, names.KV_SUBJECTS)).items():
+            node = key.split(".", 1)[0]
+            if advert is not None and node != self.node:
+                remote.setdefault(node, {})[key] = advert.subject
         return remote
-
-    async def _advert(self, key: str) -> names.Advert | None:
-        try:
-            entry = await self.kv.get(key)
-        except NotFoundError:  # deleted since the stream info (a key's delete marker)
-            return None
-        return names.Advert.decode(entry.value or b"")
 
     async def _tell_router(self, node: str) -> None:
         subjects = sorted(set(self.remote.get(node, {}).values()))

@@ -19,6 +19,7 @@ from typing import Any
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from edges import bridge_names as names
+from edges.bridge import read_adverts
 
 PULL_SAMPLES = 3  # looks at the node's consumer, FETCH_WAIT_S apart
 
@@ -62,22 +63,13 @@ async def forget(nc: Any, node: str, *, pull_wait_s: float = 1.0) -> Forgotten:
 
 
 async def _keys_of(js: Any, node: str) -> tuple[list[str], list[names.Advert | None]]:
-    """The node's keys in the directory and what they say. Listed from the bucket's
-    stream (one request), not with `KeyValue.keys`, whose watcher may end its listing
-    early on a busy cluster."""
+    """The node's keys in the directory and what they say."""
     try:
         kv = await js.key_value(names.BUCKET)
-        info = await js.stream_info(names.KV_STREAM, subjects_filter=names.kv_subjects_of(node))
+        found = await read_adverts(js, kv, names.kv_subjects_of(node))
     except (BucketNotFoundError, NotFoundError):
         return [], []
-    keys = sorted(names.key_of_subject(s) for s in info.state.subjects or {})
-    adverts = []
-    for key in keys:
-        try:
-            adverts.append(names.Advert.decode((await kv.get(key)).value or b""))
-        except NotFoundError:  # deleted (a delete marker is the key's last message)
-            adverts.append(None)
-    return keys, adverts
+    return list(found), list(found.values())
 
 
 async def _pulling(js: Any, node: str, wait_s: float) -> bool:

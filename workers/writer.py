@@ -285,16 +285,17 @@ class Writer:
         kept: list[tuple[proto.DeliveryHeader, bytes]] = []
         seen: set[tuple[str, str]] = set()
         for h, data in deliveries:
-            key = (h.id, h.endpoint)
-            if h.once and (key in seen or self.index.has(*key)):
-                message = f"message {h.id} is already in endpoint {h.endpoint}"
-                results.append(
-                    proto.Stored(
-                        h.token, h.id, h.endpoint, None, proto.ALREADY_STORED, message, h.target
+            if h.once:  # a local copy's id is new: it costs no lookup
+                key = (h.id, h.endpoint)
+                if key in seen or self.index.has(*key):
+                    message = f"message {h.id} is already in endpoint {h.endpoint}"
+                    results.append(
+                        proto.Stored(
+                            h.token, h.id, h.endpoint, None, proto.ALREADY_STORED, message, h.target
+                        )
                     )
-                )
-                continue
-            seen.add(key)
+                    continue
+                seen.add(key)
             kept.append((h, data))
         return kept
 
