@@ -3,6 +3,7 @@
 from sdk.aio import AsyncClient
 from sdk.client import Client, connect
 from sdk.errors import RelayError
+from sdk.message import Message
 from sdk.types import (
     AccessRule,
     Budget,
@@ -23,6 +24,7 @@ __all__ = [
     "Client",
     "EndpointInfo",
     "Envelope",
+    "Message",
     "PublishResult",
     "RelayError",
     "RuleAction",

@@ -14,7 +14,9 @@ and its right to ack).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
+import logging
 import os
 import queue
 import threading
@@ -27,6 +29,7 @@ import zmq
 from sdk import subjects, wire
 from sdk.curve import CurveKeys, client_keys
 from sdk.errors import InvalidMessage, NotAuthorized, RelayError, Timeout, Unavailable
+from sdk.message import Message
 from sdk.paths import Home
 from sdk.plumbing import ClientPlumbing
 from sdk.quiet import Full, QuietSignals
@@ -40,6 +43,8 @@ from sdk.types import (
     Signal,
     StandardPayload,
 )
+
+log = logging.getLogger("relay.client")
 
 DEFAULT_TIMEOUT = 10.0
 QUIET_SIGNALS_LIMIT = 10_000  # signals sent with wait=False waiting to leave; more wait
@@ -87,12 +92,20 @@ class Client(ClientPlumbing):
         self._requests_sent = 0  # closes the open segment of quiet signals (sdk/quiet.py)
         self._refused: NotAuthorized | None = None  # the broker refused our handshake
         self._batch_limit = 1  # requests per frame; the broker's hello may raise it
+        # What the router handed us and we have not answered: (id, endpoint) ->
+        # deliveries. Named in a new hello when the router forgot us (a restart), so
+        # that it stays ours; the session token names the session to resume.
+        self._held: dict[tuple[str, str], int] = {}
+        self._held_lock = threading.Lock()
+        self._session: str | None = None
+        self._resuming = threading.Lock()
         self._io = threading.Thread(target=self._io_loop, name="relay-client-io", daemon=True)
         self._io_ready = threading.Event()
         self._io.start()
         self._io_ready.wait(5)
         try:
             self.server = self._call("hello", client=f"python-sdk/{os.getpid()}", batch=True)
+            self._session = self.server.get("session")
             self._batch_limit = max(1, min(int(self.server.get("batch", 1)), wire.MAX_BATCH))
         except RelayError as exc:
             self.close()
@@ -212,22 +225,37 @@ class Client(ClientPlumbing):
     # ------------------------------------------------------------------ consuming
 
     def subscribe(
-        self, pattern: str, handler: Handler, *, credit: int | None = None
+        self,
+        pattern: str,
+        handler: Handler,
+        *,
+        credit: int | None = None,
+        ack_wait: float | None = None,
     ) -> Callable[[], None]:
-        """Consume messages of every endpoint matching pattern; returns unsubscribe()."""
-        return self._subscribe(pattern, handler, "consume", credit)
+        """Consume messages of every endpoint matching pattern; returns unsubscribe().
+
+        ``ack_wait`` (seconds): a message the handler has not finished by then is taken
+        back and handed out again (default: never, while this client lives)."""
+        return self._subscribe(pattern, handler, "consume", credit, ack_wait)
 
     def observe(self, pattern: str, handler: Handler) -> Callable[[], None]:
         """Watch every stored message matching pattern: no claim, no ack."""
-        return self._subscribe(pattern, handler, "observe", None)
+        return self._subscribe(pattern, handler, "observe", None, None)
 
     def _subscribe(
-        self, pattern: str, handler: Handler, mode: str, credit: int | None
+        self,
+        pattern: str,
+        handler: Handler,
+        mode: str,
+        credit: int | None,
+        ack_wait: float | None,
     ) -> Callable[[], None]:
         subjects.validate(pattern, wildcards=True)
         fields: dict[str, Any] = {"pattern": pattern, "mode": mode}
         if credit is not None:
             fields["credit"] = credit
+        if ack_wait is not None:
+            fields["ackWait"] = _ms(ack_wait, "ack_wait")
         worker = SubscriptionWorker(self, handler, mode, fields)
         future = self.request("subscribe", before_send=worker, **fields)
         try:
@@ -250,6 +278,87 @@ class Client(ClientPlumbing):
             worker.stop()
 
         return unsubscribe
+
+    def fetch(
+        self, pattern: str, *, batch: int = 10, wait: float = 0.0, ack_wait: float | None = None
+    ) -> list[Message]:
+        """Claim up to ``batch`` messages waiting for the endpoints ``pattern`` matches,
+        oldest first per endpoint, endpoints taking turns. Returns as soon as one is
+        claimed, or empty after ``wait`` seconds. Each is held by this client until it
+        calls ``ack()``, ``nack(reason)`` (both confirmed), or ``ack_wait`` seconds pass
+        without an answer or ``in_progress()``; if the client dies first, it is handed
+        out again."""
+        return self._wait(
+            self.fetch_async(pattern, batch=batch, wait=wait, ack_wait=ack_wait),
+            "fetch",
+            self.timeout + wait,
+        )
+
+    def fetch_async(
+        self, pattern: str, *, batch: int = 10, wait: float = 0.0, ack_wait: float | None = None
+    ) -> Future:
+        """`fetch` without waiting; the future resolves to the list of messages."""
+        fields: dict[str, Any] = {
+            "pattern": subjects.validate(pattern, wildcards=True),
+            "batch": batch,
+            "wait": _ms(wait, "wait", minimum=0),
+        }
+        if ack_wait is not None:
+            fields["ackWait"] = _ms(ack_wait, "ack_wait")
+        raw = self.request("fetch", timeout=self.timeout + wait, **fields)
+        fetched: Future = Future()
+
+        def convert(done: Future) -> None:
+            try:
+                fetched.set_result(self._held_messages(done.result()["messages"]))
+            except BaseException as exc:
+                fetched.set_exception(exc)
+
+        raw.add_done_callback(convert)
+        return fetched
+
+    def _held_messages(self, items: list[dict[str, Any]]) -> list[Message]:
+        messages = []
+        for item in items:
+            envelope = Envelope.from_json(item["data"])
+            envelope = dataclasses.replace(envelope, deliveries=item["deliveries"])
+            self.holding(envelope.id, item["endpoint"], envelope.deliveries)
+            messages.append(Message(envelope, item["endpoint"], self))
+        return messages
+
+    def holding(self, message_id: str, endpoint: str, deliveries: int) -> None:
+        """The router handed us a message: ours until answered."""
+        with self._held_lock:
+            self._held[(message_id, endpoint)] = deliveries
+
+    def answered(self, message_id: str, endpoint: str) -> None:
+        with self._held_lock:
+            self._held.pop((message_id, endpoint), None)
+
+    def wait(self, future: Future, op: str) -> Any:
+        """A request's result within the client's timeout, or a typed error."""
+        return self._wait(future, op)
+
+    def _resume(self) -> None:
+        """Say hello again to a router that forgot us, naming our session and the
+        messages we hold, so that it does not hand them to anyone else."""
+        if not self._resuming.acquire(blocking=False):
+            return  # under way
+        try:
+            with self._held_lock:
+                holding = [[i, e, n] for (i, e), n in self._held.items()]
+            hello = self._call(
+                "hello",
+                client=f"python-sdk/{os.getpid()}",
+                batch=True,
+                session=self._session,
+                holding=holding,
+            )
+            self._session = hello.get("session", self._session)
+        except RelayError as exc:
+            log.warning("could not resume the session with the broker: %s", exc)
+        finally:
+            self._resuming.release()
 
     def pending(self, subject: str) -> list[dict[str, Any]]:
         """Claimed, unacknowledged messages of an endpoint (a consumer died holding them)."""
@@ -439,6 +548,13 @@ def connect(
         server_key = server_key or os.environ.get("RELAY_SERVER_KEY")
         curve = client_keys(key_file, server_key or where.server_public_key_file)
     return Client(address, timeout=timeout, curve=curve)
+
+
+def _ms(seconds: float, name: str, *, minimum: int = 1) -> int:
+    """Seconds as the protocol's whole milliseconds."""
+    if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds < 0:
+        raise InvalidMessage(f"{name} must be a number of seconds >= 0, got {seconds!r}")
+    return max(minimum, round(seconds * 1000))
 
 
 def _publish_result(raw: Future) -> Future:

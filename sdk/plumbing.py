@@ -279,9 +279,12 @@ class ClientPlumbing:
         if isinstance(incoming, wire.Push):
             worker = self._subs.get(incoming.sub)
             if worker is not None:
-                worker.queue.put(
-                    Delivery(incoming.sub, incoming.id, incoming.endpoint, incoming.data)
+                delivery = Delivery(
+                    incoming.sub, incoming.id, incoming.endpoint, incoming.data, incoming.deliveries
                 )
+                if worker.mode == "consume":
+                    self.holding(delivery.id, delivery.endpoint, delivery.deliveries)
+                worker.queue.put(delivery)
             return
         self._deadlines.pop(incoming.rid, None)
         future = self._futures.pop(incoming.rid, None) if incoming.rid else Future()
@@ -308,6 +311,11 @@ class ClientPlumbing:
         held = pong.get("subs") if isinstance(pong, dict) else None
         if held is None:
             return
+        token = pong.get("session")
+        if token is not None and token != self._session:
+            # The router forgot this client (it restarted, or ended the session):
+            # say hello again with the claims it holds, so they stay its own.
+            threading.Thread(target=self._resume, daemon=True).start()
         held = set(held)
         # A copy: handler and renewal threads change the dict meanwhile. An ended worker
         # (unsubscribe() under way) is not lost, whatever the router says.

@@ -5,6 +5,7 @@ handler's error), several together (`ACK_DELAY_S`, `answers_together`)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import queue
 import threading
@@ -33,6 +34,7 @@ class Delivery:
     id: str
     endpoint: str
     data: bytes
+    deliveries: int = 1  # which hand-out: its answer names it
 
 
 class SubscriptionWorker:
@@ -117,6 +119,7 @@ class SubscriptionWorker:
                 handled, self._unsent = self._unsent, []
             for delivery, error in handled:
                 op, fields = answer_of(delivery, error)
+                self.client.answered(delivery.id, delivery.endpoint)
                 try:
                     self.client.request(op, **fields)
                 except RelayError:
@@ -127,10 +130,13 @@ class SubscriptionWorker:
             envelope = Envelope.from_json(delivery.data)
         except RelayError as exc:
             return f"unreadable message: {exc}"
+        if self.mode == "consume":
+            envelope = dataclasses.replace(envelope, deliveries=delivery.deliveries)
         try:
             self.handler(envelope)
         except Exception as exc:
-            log.warning("handler failed on %s: %r", delivery.id, exc)
+            # A handler's refusal is its own business: the nack carries it, no alarm.
+            log.info("handler failed on %s: %r", delivery.id, exc)
             return f"handler error: {type(exc).__name__}: {exc}"[:1000]
         return None
 
@@ -142,7 +148,12 @@ def answers_together(credit: int) -> int:
 
 def answer_of(delivery: Delivery, error: str | None) -> tuple[str, dict[str, Any]]:
     """The ack of a message handled, or its nack with the handler's error."""
-    fields: dict[str, Any] = {"sub": delivery.sub, "id": delivery.id, "endpoint": delivery.endpoint}
+    fields: dict[str, Any] = {
+        "sub": delivery.sub,
+        "id": delivery.id,
+        "endpoint": delivery.endpoint,
+        "deliveries": delivery.deliveries,
+    }
     if error is None:
         return "ack", fields
     return "nack", {**fields, "reason": error}

@@ -144,6 +144,10 @@ class Envelope:
     created_at: int  # unix ms
     payload: Any
     published_to: str | None = None  # the subject/pattern the publisher named, if different
+    # How many times this copy has been handed to a consumer, this time included (1 the
+    # first time; 0: not handed out, as in a file or to an observer). Said by the
+    # router with each hand-out, never in the file.
+    deliveries: int = field(default=0, compare=False)
 
     def to_wire(self) -> dict[str, Any]:
         wire = {

@@ -99,6 +99,7 @@ class Push:
     id: str
     endpoint: str
     data: bytes
+    deliveries: int = 1  # which hand-out this is: 1 the first time
 
 
 def packb(obj: Any) -> bytes:
@@ -284,9 +285,14 @@ def batch(bodies: Sequence[bytes]) -> bytes:
     return header + b"".join(bodies)
 
 
-def encode_push(sub: int, message_id: str, endpoint: str, data: bytes) -> list[bytes]:
-    header = packb({"push": "message", "sub": sub, "id": message_id, "endpoint": endpoint})
-    return [MAGIC, header, data]
+def encode_push(
+    sub: int, message_id: str, endpoint: str, data: bytes, deliveries: int | None = None
+) -> list[bytes]:
+    """A pushed message; ``deliveries`` for a consumer's (an observer's has none)."""
+    header = {"push": "message", "sub": sub, "id": message_id, "endpoint": endpoint}
+    if deliveries is not None:
+        header["deliveries"] = deliveries
+    return [MAGIC, packb(header), data]
 
 
 def decode_incoming(frames: Sequence[bytes]) -> Reply | Push:
@@ -311,7 +317,8 @@ def decode_incoming_all(frames: Sequence[bytes]) -> list[Reply | Push]:
     if not isinstance(header, dict):
         raise MalformedFrame("broker frame must be a map")
     if header.get("push") == "message" and len(frames) == 3:
-        return [Push(header["sub"], header["id"], header["endpoint"], frames[2])]
+        deliveries = header.get("deliveries", 1)
+        return [Push(header["sub"], header["id"], header["endpoint"], frames[2], deliveries)]
     return [_reply_of(header)]
 
 

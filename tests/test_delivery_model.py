@@ -9,15 +9,17 @@ writers that run a few commands, die after doing some of them without answering,
 come back, publish deadlines that pass while a copy waits, endpoints registered and
 unregistered. What must hold:
 
-- at every step: no message is ever handed out twice, and every message handed out is
-  claimed in cur/ at that moment;
+- at every step: no message is held by two consumers at once, every message handed out
+  is claimed in cur/ at that moment, and says how many times it was handed out;
 - per subscription and endpoint, messages arrive oldest first, except a message that
-  was put back (handed to nobody and returned to new/), which may come after younger
-  ones another consumer already had in hand;
+  was put back (handed to nobody and returned to new/) or returned (its holder left,
+  or its ack deadline passed), which may come after younger ones;
+- a message returned `max_deliveries` times ends failed;
 - whenever everything has settled (writers up, their queues run dry): the ledger's
   queue of each endpoint is exactly its new/, oldest first; no subscription with credit
-  matches an endpoint with messages in new/ (nothing stalls); every message claimed in
-  cur/ is held by a session (live, or ended and so pending), none claimed for nobody.
+  matches an endpoint with messages in new/ or returned (nothing stalls); every message
+  claimed in cur/ is held by a live session or returned (waiting to be handed out
+  again), none claimed for nobody.
 
 RELAY_LEDGER_EXAMPLES sets the number of sequences (default 300, a few seconds); a long
 run: ``make soak-ledger`` (RELAY_LEDGER_EXAMPLES=50000, about 15 minutes). A failure
@@ -36,7 +38,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from broker.router.consumers import CONSUME, Consumers
-from broker.router.delivery import Claim, Ledger, PutBack
+from broker.router.delivery import Claim, DeadLetter, Ledger, PutBack
 from sdk.ids import new_id
 from sdk.paths import shard_of
 from sdk.subjects import endpoint_hash, matches
@@ -61,13 +63,15 @@ class Store:
     sub: int | None
 
 
-Command = Claim | PutBack | Store
+Command = Claim | PutBack | DeadLetter | Store
+MAX_DELIVERIES = 3
 
 
 @dataclass
 class Disk:
     new: set[tuple[str, str]] = field(default_factory=set)  # (id, endpoint)
     cur: set[tuple[str, str]] = field(default_factory=set)  # claimed, not finished
+    count: dict[tuple[str, str], int] = field(default_factory=dict)  # N in its name
     finished: set[tuple[str, str]] = field(default_factory=set)  # done or failed
 
     def waiting_in(self, endpoint: str) -> list[str]:
@@ -81,12 +85,16 @@ class LedgerMachine(RuleBasedStateMachine):
         self.disk = Disk()
         self.consumers = Consumers()
         self.ledger = Ledger(self.consumers, SHARDS, self.disk.waiting_in, itertools.count(1))
+        self.ledger.max_deliveries = MAX_DELIVERIES
         self.inbox: dict[int, deque[Command]] = {s: deque() for s in range(SHARDS)}
         self.full: set[int] = set()  # writers that take nothing (their queue is full)
         self.parked: dict[int, list[Store]] = {s: [] for s in range(SHARDS)}
         self.jobs = itertools.count(1)
         self.answered: set[int] = set()  # publish copies whose deadline passed
-        self.handed: dict[tuple[str, str], int] = {}  # ever handed out -> subscription
+        self.handed: dict[tuple[str, str], int] = {}  # held now -> subscription
+        self.times: dict[tuple[str, str], int] = {}  # hand-outs so far
+        self.returned: set[tuple[str, str]] = set()  # ever handed out again
+        self.deadline: dict[tuple[str, str], bool] = {}  # held with an ack deadline
         self.held: dict[int, list[tuple[str, str]]] = {}  # subscription -> in hand
         self.owner: dict[int, bytes] = {}  # subscription -> its client
         self.seen: dict[tuple[int, str], list[str]] = {}  # (sub, endpoint) -> ids in order
@@ -111,22 +119,36 @@ class LedgerMachine(RuleBasedStateMachine):
         if unsent:
             self.ledger.unsent(unsent)
 
-    def _hand_out(self, sub_id: int | None, message: tuple[str, str]) -> None:
+    def _hand_out(self, sub_id: int | None, message: tuple[str, str], deliveries: int) -> None:
         sub = self.consumers.subs.get(sub_id) if sub_id is not None else None
         if sub is None:  # its subscriber left meanwhile
-            self.ledger.put_back(*message)
+            self.consumers.give_back(sub_id)
+            self.ledger.hand_back(*message, deliveries - 1)
             return
         assert message in self.disk.cur, f"{message} handed out but not claimed in cur/"
-        assert message not in self.handed, f"{message} handed out twice"
+        assert message not in self.handed, f"{message} held by two at once"
+        assert deliveries == self.times.get(message, 0) + 1, f"{message} says {deliveries}"
+        self.times[message] = deliveries
+        if deliveries > 1:
+            self.returned.add(message)
         self.handed[message] = sub.id
+        self.deadline[message] = sub.ack_wait is not None
         self.held[sub.id].append(message)
         self.seen.setdefault((sub.id, message[1]), []).append(message[0])
-        self.consumers.handed_out(sub, *message, "sender")
+        self.consumers.handed_out(sub, *message, "sender", deliveries, 0)
 
     def _finish(self, sub_id: int, message: tuple[str, str]) -> None:
         assert self.consumers.settled(self.owner[sub_id], *message) is not None
+        del self.handed[message]
         self.disk.cur.discard(message)
         self.disk.finished.add(message)
+
+    def _released(self, messages: list[tuple[str, str]]) -> None:
+        """Messages their holder no longer holds (it left, or its deadline passed)."""
+        for message in messages:
+            sub_id = self.handed.pop(message)
+            if sub_id in self.held and message in self.held[sub_id]:
+                self.held[sub_id].remove(message)
 
     # ------------------------------------------------------------------ the writers
 
@@ -138,17 +160,21 @@ class LedgerMachine(RuleBasedStateMachine):
             if command.job in self.answered:
                 self.ledger.stored_late(*message, claimed=command.sub is not None)
             elif command.sub is not None:
-                self._hand_out(self.ledger.copy_settled(*message), message)
+                self._hand_out(self.ledger.copy_settled(*message), message, 1)
             else:
                 self.ledger.copy_settled(*message)
                 self.ledger.stored_new(*message)
         elif isinstance(command, Claim):
-            ok = message in self.disk.new
-            if ok:
-                self.disk.new.discard(message)
-                self.disk.cur.add(message)
+            ok = self._claim(command, message)
             if self.ledger.claimed(command.sub, *message, ok=ok):
-                self._hand_out(command.sub, message)
+                self._hand_out(command.sub, message, command.deliveries + 1)
+        elif isinstance(command, DeadLetter):
+            assert message not in self.handed, f"{message} dead-lettered from its holder"
+            assert command.deliveries >= MAX_DELIVERIES
+            if message in self.disk.cur:
+                self.disk.cur.discard(message)
+                self.disk.finished.add(message)
+            self.ledger.dead_letter_done(command.token)
         else:
             ok = message in self.disk.cur and message not in self.handed
             assert message not in self.handed or message not in self.disk.cur, (
@@ -160,14 +186,30 @@ class LedgerMachine(RuleBasedStateMachine):
                 self.put_back.add(message)
             self.ledger.put_back_done(command.token, ok=ok)
 
+    def _claim(self, command: Claim, message: tuple[str, str]) -> bool:
+        """The writer's claim: from new/, or again in cur/ (a returned message)."""
+        if command.deliveries == 0:
+            ok = message in self.disk.new
+            if ok:
+                self.disk.new.discard(message)
+                self.disk.cur.add(message)
+        else:
+            ok = message in self.disk.cur
+            assert message not in self.handed, f"{message} claimed again from its holder"
+        if ok:
+            self.disk.count[message] = command.deliveries + 1
+        return ok
+
     def _silently(self, command: Command) -> None:
         """A command done by a writer that died before answering."""
         message = (command.id, command.endpoint)
         if isinstance(command, Store):
             (self.disk.cur if command.sub is not None else self.disk.new).add(message)
-        elif isinstance(command, Claim) and message in self.disk.new:
-            self.disk.new.discard(message)
-            self.disk.cur.add(message)
+        elif isinstance(command, Claim):
+            self._claim(command, message)
+        elif isinstance(command, DeadLetter) and message in self.disk.cur:
+            self.disk.cur.discard(message)
+            self.disk.finished.add(message)
         elif isinstance(command, PutBack) and message in self.disk.cur:
             assert message not in self.handed, f"{message} put back from its holder"
             self.disk.cur.discard(message)
@@ -209,11 +251,16 @@ class LedgerMachine(RuleBasedStateMachine):
         self._pass()
 
     @rule(
-        client=st.sampled_from(CLIENTS), pattern=st.sampled_from(PATTERNS), credit=st.integers(1, 6)
+        client=st.sampled_from(CLIENTS),
+        pattern=st.sampled_from(PATTERNS),
+        credit=st.integers(1, 6),
+        ack_wait=st.sampled_from([None, None, 1000]),
     )
-    def subscribe(self, client: bytes, pattern: str, credit: int) -> None:
+    def subscribe(
+        self, client: bytes, pattern: str, credit: int, ack_wait: int | None = None
+    ) -> None:
         self.consumers.touch(client, 0)
-        sub = self.consumers.subscribe(client, pattern, CONSUME, credit, 0)
+        sub = self.consumers.subscribe(client, pattern, CONSUME, credit, 0, ack_wait)
         self.held[sub.id] = []
         self.owner[sub.id] = client
         endpoints = sorted(ENDPOINT[s] for s in self.registered if matches(s, pattern))
@@ -229,11 +276,21 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(client=st.sampled_from(CLIENTS))
     def client_vanishes(self, client: bytes) -> None:
-        """Its session ends; what it holds stays claimed (pending)."""
-        self.consumers.end_session(client)
+        """Its session ends; what it holds is handed out again."""
+        session = self.consumers.end_session(client)
         for sub_id in [s for s, c in self.owner.items() if c == client]:
             self.held.pop(sub_id, None)
             del self.owner[sub_id]
+        if session is not None:
+            self._released([m for m, s in self.handed.items() if self.owner.get(s) is None])
+        self._pass()
+
+    @rule()
+    def ack_deadlines_pass(self) -> None:
+        """Every claim held by a subscription with an ack deadline is taken back."""
+        late = [m for m in self.handed if self.deadline[m]]
+        self.consumers.overdue(10**12)
+        self._released(late)
         self._pass()
 
     @precondition(lambda self: any(self.held.values()))
@@ -280,6 +337,8 @@ class LedgerMachine(RuleBasedStateMachine):
             self.ledger.stored_late(*message, claimed=command.sub is not None)
         elif isinstance(command, Claim):
             assert not self.ledger.claimed(command.sub, *message, ok=message in self.disk.cur)
+        elif isinstance(command, DeadLetter):
+            self.ledger.dead_letter_done(command.token)
         else:
             self.ledger.put_back_done(command.token, ok=message in self.disk.new)
 
@@ -320,7 +379,8 @@ class LedgerMachine(RuleBasedStateMachine):
     def order_per_subscription_and_endpoint(self) -> None:
         STEPS["steps"] += 1  # hypothesis checks invariants after every step
         for (sub_id, endpoint), ids in self.seen.items():
-            plain = [i for i in ids if (i, endpoint) not in self.put_back]
+            again = self.put_back | self.returned
+            plain = [i for i in ids if (i, endpoint) not in again]
             assert plain == sorted(plain), f"sub {sub_id} got {SUBJECT_OF[endpoint]} out of order"
 
     def teardown(self) -> None:
@@ -349,7 +409,8 @@ class LedgerMachine(RuleBasedStateMachine):
                 assert waiting == disk.waiting_in(endpoint), (
                     f"{subject}: ledger waits {waiting}, new/ holds {disk.waiting_in(endpoint)}"
                 )
-            if subject in self.registered and waiting:
+            returned = sorted(i for i, _ in queue.returned) if queue else []
+            if subject in self.registered and (waiting or returned):
                 hungry = [
                     s.id
                     for s in self.consumers.subs.values()
@@ -357,9 +418,13 @@ class LedgerMachine(RuleBasedStateMachine):
                 ]
                 assert not hungry, f"{subject} has {len(waiting)} waiting; subs {hungry} idle"
         held = {m for session in self.consumers.sessions.values() for m in session.unacked}
-        ended = {m for m, sub in self.handed.items() if sub not in self.consumers.subs}
-        stranded = disk.cur - held - ended
+        assert held == set(self.handed), "the model and the sessions disagree on who holds what"
+        returned = {(i, e) for e, q in ledger.queues.items() for i, _ in q.returned}
+        assert not held & returned, f"returned while held: {sorted(held & returned)}"
+        stranded = disk.cur - held - returned
         assert not stranded, f"claimed for nobody: {sorted(stranded)}"
+        for message in returned:
+            assert self.times.get(message, 0) < MAX_DELIVERIES, f"{message} handed out too often"
 
 
 LedgerMachine.TestCase.settings = settings(

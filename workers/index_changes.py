@@ -28,6 +28,8 @@ class IndexChanges:
         self.dirs: set[str] = set()
         self.synced: set[str] = set()  # of those, fsynced since their renames already
         self.stored_claimed: list[tuple[str, str]] = []  # (endpoint, id) stored into cur/
+        # (endpoint, id, its earlier name in cur/ or None: it was in new/) claimed
+        self.claimed_names: list[tuple[str, str, str | None]] = []
 
     def commit(self, index: MessageIndex) -> None:
         fsync_dirs(sorted(self.dirs - self.synced))

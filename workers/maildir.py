@@ -43,11 +43,17 @@ claim: one rename, then fsync of cur/ and new/ (unless ``sync=False``)
     new/; the message was not handed out before the fsync returned, so no consumer saw
     it (at most once holds).
 
+reclaim (a message returned by a consumer that died, claimed again): one rename
+    inside cur/, ``cur/<id>,C=<c>[,N=<k>]:2,`` -> ``cur/<id>,C=<now>,N=<k+1>:2,``
+    [maildir.reclaim.after_rename]. Atomic; the writer fsyncs cur/ before the message
+    is handed out, so a power cut before that leaves the older count, and no consumer
+    saw the newer one.
+
 complete: one rename inside cur/, then fsync of cur/
     ``cur/<id>,C=<c>:2,`` -> ``cur/<id>,C=<c>,D=<ms>:2,S``  [maildir.complete.after_rename]
     Atomic: claimed or done, never both.
 
-requeue (an explicit request; Relay never redelivers on its own): one rename back
+requeue (an operator's, or a claim nobody received): one rename back
     ``cur/<id>,C=<c>:2,`` -> ``new/<id>``, fsync new/ and cur/ [maildir.requeue.after_rename]
     Atomic; a power cut before the fsyncs may leave it claimed, as if never requeued.
 
@@ -91,6 +97,7 @@ AFTER_SYNC = "maildir.after_sync"
 AFTER_RENAME = "maildir.after_rename"
 AFTER_DIR_SYNC = "maildir.after_dir_sync"
 CLAIM_AFTER_RENAME = "maildir.claim.after_rename"
+RECLAIM_AFTER_RENAME = "maildir.reclaim.after_rename"
 COMPLETE_AFTER_RENAME = "maildir.complete.after_rename"
 REQUEUE_AFTER_RENAME = "maildir.requeue.after_rename"
 # Every storage fault point, in the order the operations reach them (the crash tests
@@ -101,6 +108,7 @@ FAULT_POINTS = (
     AFTER_RENAME,
     AFTER_DIR_SYNC,
     CLAIM_AFTER_RENAME,
+    RECLAIM_AFTER_RENAME,
     COMPLETE_AFTER_RENAME,
     REQUEUE_AFTER_RENAME,
     FAIL_AFTER_TMP_WRITE,
@@ -222,6 +230,36 @@ class Mailbox:
             raise storage_error(f"claim {message_id} in {self.endpoint}", exc) from exc
         self._claimed[message_id] = name
         return name, data
+
+    def reclaim(self, message_id: str, now_ms: int, deliveries: int) -> tuple[str, str, bytes]:
+        """Claim again a message that waits claimed by nobody in cur/ (its consumer
+        died): rename it with the new claim time and ``deliveries``, the number of this
+        hand-out. Returns (old name, new name, content). InvalidState when it is not
+        claimed (new, done or failed), MessageNotFound when the id is nowhere. The caller
+        fsyncs cur/ before handing the message out (the writer does, per group commit).
+        """
+        old = self._find_cur(check_id(message_id))
+        if old is None:
+            self._raise_not_in_cur(message_id, "claim again")
+        parsed = parse_name(old)
+        if parsed.flags and "S" in parsed.flags:
+            raise InvalidState(f"message {message_id} in {self.endpoint} is already done")
+        name = format_name(message_id, now_ms, flags=parsed.flags or "", deliveries=deliveries)
+        target = f"{self.cur_dir}/{name}"
+        try:
+            os.rename(f"{self.cur_dir}/{old}", target)
+            fault_point(RECLAIM_AFTER_RENAME)
+            self._claimed[message_id] = name
+            return old, name, read_file(target)
+        except OSError as exc:
+            raise storage_error(f"claim {message_id} again in {self.endpoint}", exc) from exc
+
+    def rename_claimed(self, message_id: str, name: str) -> None:
+        """Give a claimed message's file in cur/ another name (undo a `reclaim`)."""
+        current = self._find_cur(check_id(message_id))
+        if current is not None and current != name:
+            os.rename(f"{self.cur_dir}/{current}", f"{self.cur_dir}/{name}")
+            self._claimed[message_id] = name
 
     def complete(self, message_id: str, now_ms: int, *, sync: bool = True) -> str:
         """Mark a claimed message done: cur/<id>,C=..:2, -> cur/<id>,C=..,D=<now_ms>:2,S.

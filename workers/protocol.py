@@ -20,7 +20,9 @@ Router → writer, ``[kind, msgpack header]`` or ``[kind, header, data]``:
              another node, which JetStream may deliver again; the writer, the one
              place that orders every store of its shard, stores it only if the
              endpoint has no copy of this id, else answers ``already_stored``.
-``claim``    ``[sub, id, endpoint]``: move new/ → cur/ for subscription ``sub``.
+``claim``    ``[sub, id, endpoint, deliveries]``: claim for subscription ``sub``: move
+             new/ → cur/ (``deliveries`` 0), or, for a message returned after
+             ``deliveries`` hand-outs, rename it in cur/ with its new count.
 ``op``       ``[token, name, args]``: done, fail, requeue, purge, rebuild, watch,
              compact_remove; answered by a ``reply`` with the same token.
 
@@ -31,7 +33,9 @@ Writer → router:
 ``stored``   ``[[token, id, endpoint, stored_at | None, code | None, message | None,
              target], ...]`` one frame per group commit; target as sent, so that an
              answer the router no longer waits for still says where the file went.
-``claimed``  ``[sub, id, endpoint, code | None, message | None]`` + file bytes.
+``claimed``  ``[sub, id, endpoint, code | None, message | None, deliveries]`` + file
+             bytes; ``deliveries`` counts this hand-out. A claim whose group commit
+             then failed is answered ``storage_error`` and its file is where it was.
 ``ingested`` ``[id, endpoint]`` + file bytes: a file another program put into new/.
 ``reply``    ``[token, ok, result | {code, message}]``.
 """
@@ -83,11 +87,13 @@ class DeliveryHeader(NamedTuple):
 
 
 class ClaimOrder(NamedTuple):
-    """``claim``: move new/ -> cur/ for subscription ``sub``."""
+    """``claim``: move new/ -> cur/ for subscription ``sub`` (``deliveries`` 0), or
+    claim again in cur/ a message handed out ``deliveries`` times."""
 
     sub: int
     id: str
     endpoint: str
+    deliveries: int = 0
 
 
 class Op(NamedTuple):
@@ -127,6 +133,7 @@ class Claimed(NamedTuple):
     endpoint: str
     code: str | None = None
     message: str | None = None
+    deliveries: int = 1  # this hand-out's number
 
 
 class Ingested(NamedTuple):
@@ -150,8 +157,8 @@ def deliver(items: list[tuple[DeliveryHeader, bytes]]) -> list[bytes]:
     return [DELIVER, packb([[header for header, _ in items], [data for _, data in items]])]
 
 
-def claim(sub: int, message_id: str, endpoint: str) -> list[bytes]:
-    return [CLAIM, packb(ClaimOrder(sub, message_id, endpoint))]
+def claim(sub: int, message_id: str, endpoint: str, deliveries: int = 0) -> list[bytes]:
+    return [CLAIM, packb(ClaimOrder(sub, message_id, endpoint, deliveries))]
 
 
 def op(token: int, name: str, **args: Any) -> list[bytes]:
@@ -172,10 +179,16 @@ def stored(results: list[Stored]) -> list[bytes]:
 
 
 def claimed(
-    sub: int, message_id: str, endpoint: str, data: bytes, error: tuple[str, str] | None = None
+    sub: int,
+    message_id: str,
+    endpoint: str,
+    data: bytes,
+    error: tuple[str, str] | None = None,
+    deliveries: int = 1,
 ) -> list[bytes]:
     code, message = error or (None, None)
-    return [CLAIMED, packb(Claimed(sub, message_id, endpoint, code, message)), data]
+    header = Claimed(sub, message_id, endpoint, code, message, deliveries)
+    return [CLAIMED, packb(header), data]
 
 
 def ingested(message_id: str, endpoint: str, data: bytes) -> list[bytes]:
@@ -219,7 +232,7 @@ def as_failed(frames: list[bytes], error: tuple[str, str]) -> list[bytes]:
     if kind == STORED:
         return stored([s.failed(*error) if s.stored_at is not None else s for s in header])
     if kind == CLAIMED:
-        return claimed(header.sub, header.id, header.endpoint, b"", error)
+        return claimed(header.sub, header.id, header.endpoint, b"", error, header.deliveries)
     if kind == REPLY:
         return reply(header.token, False, {"code": error[0], "message": error[1]})
     return frames

@@ -226,7 +226,7 @@ class Writer:
         if deliveries:
             outbox.append(self._deliver(deliveries, changes))
         fault_point(BEFORE_INDEX_COMMIT)  # the files are durable, the index not yet
-        stored_claimed = changes.stored_claimed
+        stored_claimed, claimed_names = changes.stored_claimed, changes.claimed_names
         try:
             changes.commit(self.index)
         except Exception as exc:
@@ -234,6 +234,7 @@ class Writer:
             error = ("storage_error", f"index update failed: {exc}")
             outbox = [proto.as_failed(frames, error) for frames in outbox]
             self._unclaim(stored_claimed)
+            self._unclaim_names(claimed_names)
         for frames in outbox:
             send_parts(self.results, frames, copy=False)
 
@@ -309,22 +310,26 @@ class Writer:
             except (RelayError, OSError) as exc:
                 log.error("%s/%s stays claimed in cur/: %s", endpoint, message_id, exc)
 
+    def _unclaim_names(self, claimed: list[tuple[str, str, str | None]]) -> None:
+        """Claims of a commit that failed, answered ``storage_error``: each goes back to
+        where it was (new/, or its earlier name in cur/), so that the router, which puts
+        it back in line, finds it there."""
+        for endpoint, message_id, old in claimed:
+            mailbox = self.mailboxes[endpoint]
+            try:
+                if old is None:
+                    self._own_renames.add((endpoint, message_id))
+                    mailbox.requeue(message_id)
+                else:
+                    mailbox.rename_claimed(message_id, old)
+            except (RelayError, OSError) as exc:
+                log.error("%s/%s stays claimed in cur/: %s", endpoint, message_id, exc)
+
     def _handle(
         self, kind: bytes, header: Any, data: bytes | None, changes: IndexChanges
     ) -> list[list[bytes]]:
         if kind == proto.CLAIM:
-            sub, message_id, endpoint = header  # a proto.ClaimOrder
-            try:
-                mailbox = self._mailbox(endpoint)
-                name, content = mailbox.claim(message_id, now_ms(), sync=False)
-                changes.dirs.add(mailbox.cur_dir)
-            except RelayError as exc:
-                return [proto.claimed(sub, message_id, endpoint, b"", (exc.code, exc.message))]
-            except OSError as exc:
-                error = ("storage_error", f"claim failed: {exc}")
-                return [proto.claimed(sub, message_id, endpoint, b"", error)]
-            changes.claims.append((message_id, endpoint, _claimed_at(name)))
-            return [proto.claimed(sub, message_id, endpoint, content)]
+            return [self._claim(header, changes)]
         if kind == proto.OP:
             token, name, args = header  # a proto.Op
             try:
@@ -336,6 +341,30 @@ class Writer:
             return [proto.reply(token, True, result)]
         log.error("unknown frame kind %r from router dropped", kind)
         return []
+
+    def _claim(self, order: proto.ClaimOrder, changes: IndexChanges) -> list[bytes]:
+        """Claim a message for a subscription: from new/, or again in cur/ for one
+        handed out ``order.deliveries`` times already. A claim whose commit then fails
+        is undone (`_unclaim`): nobody will be told of it."""
+        sub, message_id, endpoint, before = order
+        deliveries = before + 1
+        try:
+            mailbox = self._mailbox(endpoint)
+            if before:
+                old, name, content = mailbox.reclaim(message_id, now_ms(), deliveries)
+            else:
+                old = None
+                name, content = mailbox.claim(message_id, now_ms(), sync=False)
+            changes.dirs.add(mailbox.cur_dir)
+        except RelayError as exc:
+            error = (exc.code, exc.message)
+            return proto.claimed(sub, message_id, endpoint, b"", error, deliveries)
+        except OSError as exc:
+            error = ("storage_error", f"claim failed: {exc}")
+            return proto.claimed(sub, message_id, endpoint, b"", error, deliveries)
+        changes.claims.append((message_id, endpoint, _claimed_at(name)))
+        changes.claimed_names.append((endpoint, message_id, old))
+        return proto.claimed(sub, message_id, endpoint, content, None, deliveries)
 
     def _mailbox(self, endpoint: str) -> Mailbox:
         mailbox = self.mailboxes.get(endpoint)

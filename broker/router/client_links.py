@@ -49,16 +49,20 @@ class ClientLinks:
                 return
             yield [f.bytes for f in frames], message_user(frames[0])
 
-    def send(self, identity: bytes, frames: list[bytes], *, copy: bool = True) -> bool:
-        """False when the client is gone (EHOSTUNREACH) or not reading (EAGAIN)."""
+    def send(self, identity: bytes, frames: list[bytes], *, copy: bool = True) -> bool | None:
+        """True when sent; False when the client is not reading (EAGAIN: its queue is
+        full; a slow client, not a gone one); None when it is gone (EHOSTUNREACH)."""
         # Zero-copy only for pushes, whose file bytes may be a megabyte; small frames
         # are cheaper copied.
         try:
             send_parts(self.clients, [identity, *frames], NOBLOCK, copy)
             return True
+        except zmq.Again:
+            log.info("client %s is not reading (its queue is full): not sent", identity.hex())
+            return False
         except zmq.ZMQError as exc:
             log.info("client %s unreachable (%s): session ended", identity.hex(), exc)
-            return False
+            return None
 
     def rebind_signals(self) -> None:
         """Requests are checked one by one, but a SUB connection only at its handshake:

@@ -82,6 +82,13 @@ class Context:
     def config(self) -> dict[str, Any]:
         return self.settings.config
 
+    def configure(self) -> None:
+        """The units take the configuration as it is now (at start, and each change)."""
+        config = self.config
+        self.reliability.configure(config)
+        self.ledger.max_deliveries = config["delivery"]["maxDeliveries"]
+        self.consumers.session_timeout_ms = config["delivery"]["sessionTimeoutMs"]
+
     def endpoint_wire(self, info: EndpointInfo) -> dict[str, Any]:
         """An endpoint as clients see it: ``shared`` when registered shared or matched
         by the config's ``federation.shared`` patterns (what the bridge advertises)."""

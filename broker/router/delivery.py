@@ -12,7 +12,14 @@ The rules it keeps:
 
 - FIFO per endpoint: a message is handed out only when nothing older of its endpoint is
   waiting, being stored or being put back (a put-back holds its endpoint's dispatch until
-  the writer confirms it, so the message stays first in line).
+  the writer confirms it, so the message stays first in line). One exception, stated in
+  docs/architecture.md ("Order"): a message *returned* (its holder died, left, or let its
+  ack deadline pass) was handed out before, and newer ones may have been handed out
+  since; it goes to the front of the line, and comes as soon as a consumer is free.
+- Returned messages stay in cur/ (claimed by nobody) and are claimed again there: the
+  writer renames them with their hand-out count (``N=``), which is how ``deliveries``
+  survives a restart. One handed out ``maxDeliveries`` times and returned again is a
+  dead letter (``max_deliveries``) instead.
 - Credit: a claim takes one unit of its subscription's credit; an ack, a nack, or a claim
   that handed nothing out gives it back, and credit that comes back goes to the starved
   endpoints the subscription matches, one message each in turn, so that a wildcard
@@ -30,6 +37,7 @@ Time plays no part, so there is no ``now``; tests drive it without sockets
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -41,12 +49,14 @@ from sdk.subjects import has_wildcards, matches
 
 @dataclass(frozen=True)
 class Claim:
-    """Ask shard's writer to move id from new/ to cur/ for subscription sub."""
+    """Ask shard's writer to claim id for subscription sub: from new/ (``deliveries``
+    0), or, for a returned message handed out ``deliveries`` times, again in cur/."""
 
     shard: int
     sub: int
     id: str
     endpoint: str
+    deliveries: int = 0
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,20 @@ class PutBack:
     endpoint: str
 
 
+@dataclass(frozen=True)
+class DeadLetter:
+    """Ask shard's writer to dead-letter a claimed message handed out too often."""
+
+    shard: int
+    token: int
+    id: str
+    endpoint: str
+    deliveries: int
+
+
+Command = Claim | PutBack | DeadLetter
+
+
 @dataclass(eq=False)
 class EndpointQueue:
     """Messages waiting in an endpoint's new/, oldest first, claims in flight, and the
@@ -69,16 +93,22 @@ class EndpointQueue:
     claiming: int = 0
     storing: set[str] = field(default_factory=set)
     requeuing: set[str] = field(default_factory=set)
+    # Returned messages, in cur/ and held by nobody: (id, hand-outs so far), oldest
+    # first; they go before anything in new/.
+    returned: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def depth(self) -> int:
-        """Messages still in new/ (a claim in flight has not moved its file yet)."""
-        return len(self.waiting) + self.claiming
+        """Messages waiting to be handed out: in new/ (a claim in flight has not moved
+        its file yet) or returned."""
+        return len(self.waiting) + self.claiming + len(self.returned)
 
     @property
     def idle(self) -> bool:
         """Nothing of this endpoint waits, is being claimed, stored or put back."""
-        return not (self.waiting or self.claiming or self.storing or self.requeuing)
+        return not (
+            self.waiting or self.claiming or self.storing or self.requeuing or self.returned
+        )
 
 
 class Ledger:
@@ -102,32 +132,45 @@ class Ledger:
         # its publish was answered without it (its deadline passed).
         self._claims: dict[int, dict[tuple[str, str], int | None]] = {}
         self.put_backs: dict[int, tuple[str, str]] = {}  # token -> (id, endpoint)
+        # Dead letters of messages handed out too often, not confirmed: token -> command.
+        self.dead_letters: dict[int, DeadLetter] = {}
+        # Re-claims in flight (of returned messages): (id, endpoint) -> hand-outs before.
+        self._reclaims: dict[tuple[str, str], int] = {}
+        self.max_deliveries = 5  # config delivery.maxDeliveries; 0: no limit
         self._starved: dict[str, None] = {}  # an ordered set
-        self._outbox: list[Claim | PutBack] = []
-        self._unsent_put_backs: list[PutBack] = []
+        self._outbox: list[Command] = []
+        self._unsent: list[PutBack | DeadLetter] = []
 
-    def take_outbox(self) -> list[Claim | PutBack]:
+    def take_outbox(self) -> list[Command]:
         """What to send to the writers, in order (a put-back before a later claim); put-
-        backs a writer that is up did not take before come first, tried again."""
+        backs and dead letters a writer that is up did not take before come first,
+        tried again."""
         retry = [
-            p for p in self._unsent_put_backs if p.shard in self._up and p.token in self.put_backs
+            c
+            for c in self._unsent
+            if c.shard in self._up and (c.token in self.put_backs or c.token in self.dead_letters)
         ]
-        outbox, self._outbox, self._unsent_put_backs = retry + self._outbox, [], []
+        outbox, self._outbox, self._unsent = retry + self._outbox, [], []
         return outbox
 
-    def unsent(self, commands: list[Claim | PutBack]) -> None:
+    def unsent(self, commands: list[Command]) -> None:
         """What its writer did not take (its queue is full, or it is gone). A claim is
-        undone: first in line again, its credit back. A put-back is tried again with the
-        next outbox while its writer is up, and sent again at its next hello."""
+        undone: first in line again, its credit back. A put-back or a dead letter is
+        tried again with the next outbox while its writer is up, and sent again at its
+        next hello."""
         claims = [c for c in commands if isinstance(c, Claim)]
-        self._unsent_put_backs += [p for p in commands if isinstance(p, PutBack)]
+        self._unsent += [c for c in commands if not isinstance(c, Claim)]
         undone: dict[str, None] = {}
         for claim in reversed(claims):  # appendleft, newest first: their order holds
             if self._pop_claim(claim.id, claim.endpoint) is None:
                 continue  # its writer's departure released it already
             queue = self._queue(claim.endpoint)
             queue.claiming = max(0, queue.claiming - 1)
-            queue.waiting.appendleft(claim.id)
+            before = self._reclaims.pop((claim.id, claim.endpoint), None)
+            if before is None:
+                queue.waiting.appendleft(claim.id)
+            else:
+                _in_order(queue.returned, claim.id, before)
             self.consumers.give_back(claim.sub)
             undone[claim.endpoint] = None
         # Claimed again now, for the next outbox, among every consumer with credit:
@@ -180,7 +223,11 @@ class Ledger:
         self._up.discard(shard)
         for (message_id, endpoint), sub_id in self._claims.pop(shard, {}).items():
             self.consumers.give_back(sub_id)
-            self.put_back(message_id, endpoint)
+            before = self._reclaims.pop((message_id, endpoint), None)
+            if before is None:
+                self.put_back(message_id, endpoint)
+            else:  # in cur/ whether it happened or not: returned again
+                _in_order(self._queue(endpoint).returned, message_id, before)
         for _, queue in self._shard_queues(shard):
             queue.claiming = 0
             queue.storing.clear()
@@ -195,6 +242,7 @@ class Ledger:
         for token, (message_id, endpoint) in self.put_backs.items():
             if shard_of(endpoint, self.shards) == shard:
                 self._outbox.append(PutBack(shard, token, message_id, endpoint))
+        self._outbox += [d for d in self.dead_letters.values() if d.shard == shard]
         for endpoint, _ in queues:
             self._dispatch(endpoint)
 
@@ -274,19 +322,68 @@ class Ledger:
 
     # ------------------------------------------------------------------ claims
 
-    def claimed(self, sub_id: int, message_id: str, endpoint: str, *, ok: bool) -> bool:
+    def claimed(
+        self, sub_id: int, message_id: str, endpoint: str, *, ok: bool, unchanged: bool = False
+    ) -> bool:
         """A writer answered a claim. True: hand the message to the subscription. False:
         nothing to hand out (the claim failed, and its credit is back; or the ledger no
-        longer waited for it: its writer went away meanwhile, and it is put back)."""
+        longer waited for it: its writer went away meanwhile, and it is put back).
+        ``unchanged``: the claim failed and the writer left the file where it was (a
+        storage error), so it is in line again."""
         if self._pop_claim(message_id, endpoint) is None:
             return False
-        queue = self.queues.get(endpoint)
-        if queue is not None:
-            queue.claiming = max(0, queue.claiming - 1)
+        queue = self._queue(endpoint)
+        queue.claiming = max(0, queue.claiming - 1)
+        before = self._reclaims.pop((message_id, endpoint), None)
         if not ok:
             self.consumers.give_back(sub_id)
+            if unchanged and before is None:
+                _in_line(queue.waiting, message_id)
+            elif unchanged:
+                _in_order(queue.returned, message_id, before)
             self._dispatch(endpoint)
         return ok
+
+    def return_released(self) -> None:
+        """What gone clients held, claims past their ack deadline and orphans nobody came
+        back for (`Consumers.take_released`): to the front of their endpoints' lines, or
+        dead letters when handed out ``max_deliveries`` times already."""
+        touched: dict[str, None] = {}
+        for released in self.consumers.take_released():
+            self.hand_back(released.id, released.endpoint, released.deliveries)
+            touched[released.endpoint] = None
+        for endpoint in touched:
+            self._dispatch(endpoint)
+
+    def hand_back(self, message_id: str, endpoint: str, deliveries: int) -> None:
+        """A claimed message nobody holds, handed out ``deliveries`` times: first in
+        line again (it stays in cur/); a claim never handed out goes back to new/."""
+        if deliveries == 0:
+            self.put_back(message_id, endpoint)
+        elif self.max_deliveries and deliveries >= self.max_deliveries:
+            shard = shard_of(endpoint, self.shards)
+            command = DeadLetter(shard, next(self._tokens), message_id, endpoint, deliveries)
+            self.dead_letters[command.token] = command
+            if shard in self._up:
+                self._outbox.append(command)
+        else:
+            _in_order(self._queue(endpoint).returned, message_id, deliveries)
+
+    def dead_letter_done(self, token: int) -> DeadLetter | None:
+        """The writer answered a dead letter of ours (whatever it said, it is done)."""
+        return self.dead_letters.pop(token, None)
+
+    def holds_claim(self, message_id: str, endpoint: str) -> bool:
+        """Whether the ledger accounts for this claimed message: being claimed, returned,
+        put back or dead-lettered (so it is not an orphan)."""
+        key = (message_id, endpoint)
+        queue = self.queues.get(endpoint)
+        return (
+            key in self._claims.get(shard_of(endpoint, self.shards), {})
+            or (queue is not None and any(i == message_id for i, _ in queue.returned))
+            or key in self.put_backs.values()
+            or any((d.id, d.endpoint) == key for d in self.dead_letters.values())
+        )
 
     def requeued(self, message_id: str, endpoint: str) -> None:
         """An operator put a pending message back in new/: first in line again."""
@@ -333,7 +430,9 @@ class Ledger:
 
     def feed_refilled(self) -> None:
         """Credit came back to subscriptions (acks, nacks, claims that handed nothing
-        out): offer it to the starved endpoints each matches."""
+        out): offer it to the starved endpoints each matches; claims released since the
+        last pass go back in line first."""
+        self.return_released()
         for sub in self.consumers.take_refilled():
             self._feed(sub, self._starved_for(sub))
 
@@ -373,21 +472,32 @@ class Ledger:
             # put back is first in line (FIFO holds).
             return False
         sent = 0
-        while queue.waiting and sent != limit:
+        while (queue.returned or queue.waiting) and sent != limit:
             sub = self.consumers.pick_consumer(subject)
             if sub is None:
                 break
-            message_id = queue.waiting.popleft()
-            self._outbox.append(Claim(shard, sub.id, message_id, endpoint))
+            if queue.returned:  # handed out before: first in line, claimed again in cur/
+                message_id, before = queue.returned.pop(0)
+                self._reclaims[(message_id, endpoint)] = before
+            else:
+                message_id, before = queue.waiting.popleft(), 0
+            self._outbox.append(Claim(shard, sub.id, message_id, endpoint, before))
             sent += 1
             queue.claiming += 1
             sub.inflight += 1
             self._claims.setdefault(shard, {})[(message_id, endpoint)] = sub.id
-        if sent or not queue.waiting:  # served: to the back of the line, if still in it
+        left = bool(queue.waiting or queue.returned)
+        if sent or not left:  # served: to the back of the line, if still in it
             self._starved.pop(endpoint, None)
-        if queue.waiting:
+        if left:
             self._starved.setdefault(endpoint)
-        return sent == limit and bool(queue.waiting)
+        return sent == limit and left
+
+
+def _in_order(returned: list[tuple[str, int]], message_id: str, deliveries: int) -> None:
+    """Keep a returned message among the others in id order (oldest first), once."""
+    if all(i != message_id for i, _ in returned):
+        bisect.insort(returned, (message_id, deliveries))
 
 
 def _in_line(waiting: deque[str], message_id: str) -> None:

@@ -80,6 +80,24 @@ class Indexes:
         found.sort(key=lambda r: (r.id, r.endpoint))
         return found[:limit]
 
+    def claimed_on(self, shard: int) -> list[tuple[str, str, int]]:
+        """(id, endpoint, deliveries) of every message claimed in the shard's cur/: read
+        when its writer comes up, to find the claims nobody holds (after a restart).
+        As many as are pending, not as many as the history holds."""
+        found: list[tuple[str, str, int]] = []
+        reader = self._reader(shard)
+        if reader is None:
+            return found
+        try:
+            after = None
+            while True:
+                records, after = reader.query(state=State.CLAIMED.value, limit=1000, after=after)
+                found += [(r.id, r.endpoint, r.deliveries) for r in records]
+                if after is None:
+                    return found
+        finally:
+            reader.close()
+
     def copies_of(self, message_id: str) -> list[MessageRecord]:
         copies: list[MessageRecord] = []
         with self.open() as indexes:

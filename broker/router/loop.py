@@ -32,13 +32,14 @@ from broker.router import dispatch
 from broker.router import remote_parts as remote
 from broker.router import writer_events as events
 from broker.router.client_links import ClientLinks
-from broker.router.consumers import SESSION_TIMEOUT_MS, Consumers, Session
+from broker.router.consumers import FETCH, Consumers, Session
 from broker.router.context import DEFERRED, Context, WriterWork, now_ms
-from broker.router.delivery import Claim, Ledger
+from broker.router.delivery import Claim, DeadLetter, Ledger
 from broker.router.directory import Directory
 from broker.router.indexes import Indexes
 from broker.router.jobs import WriterJobs
 from broker.router.ops_admin import add_endpoint
+from broker.router.ops_consume import answer_fetches
 from broker.router.replies import Replies
 from broker.router.settings import Settings
 from broker.router.signal_out import SignalOutbox
@@ -127,6 +128,7 @@ class Router:
         for info in self.ctx.control.list_endpoints():
             add_endpoint(self.ctx, info)
         self._load_files({CONFIG_FILE, RULES_FILE}, only_if_changed=True)
+        self.ctx.configure()
         self._load_auth_file()
         self._seed_rate_limiter()
         log.info(
@@ -174,9 +176,11 @@ class Router:
         """Send what the pass decided, claims and put-backs before the copies (a
         put-back after a claim of the same message would take it back), replies before
         pushes to the same client."""
+        now = now_ms()
         self.ctx.ledger.feed_refilled()
-        remote.answer_held(self.ctx, now_ms())
+        remote.answer_held(self.ctx, now)
         self._send_ledger_outbox()
+        answer_fetches(self.ctx, now)
         self._send_copies()
         self._send_replies()
         self.ctx.signals.flush(self.public.signals)
@@ -185,11 +189,16 @@ class Router:
         events.sweep(self.ctx, now)
         remote.answer_held(self.ctx, now)
         self.ctx.rejections.flush_due(now)
-        for identity in self.ctx.consumers.expired(now):
+        consumers = self.ctx.consumers
+        for identity in consumers.expired(now):
             log.info(
-                "client %s silent for %d ms: session ended", identity.hex(), SESSION_TIMEOUT_MS
+                "client %s silent for %d ms: session ended, what it held is handed out again",
+                identity.hex(),
+                consumers.session_timeout_ms,
             )
-            self.ctx.consumers.end_session(identity)
+            consumers.end_session(identity)
+        if consumers.overdue(now) or consumers.fetches:
+            self._end_of_pass()  # hand out again what came back; answer the fetches
         self._send_replies()
 
     @staticmethod
@@ -265,10 +274,10 @@ class Router:
         return self._send_replies_to(identity, session) and self._send(identity, frames, copy=False)
 
     def _send(self, identity: bytes, frames: list[bytes], *, copy: bool = True) -> bool:
-        if self.public.send(identity, frames, copy=copy):
-            return True
-        self.ctx.consumers.end_session(identity)  # gone, or not reading
-        return False
+        sent = self.public.send(identity, frames, copy=copy)
+        if sent is None:  # gone: what it held is handed out again
+            self.ctx.consumers.end_session(identity)
+        return bool(sent)
 
     def _send_pushes(self, pushes: list[events.Push]) -> None:
         for push in pushes:
@@ -284,18 +293,23 @@ class Router:
                 self._push(sub.client, wire.encode_push(sub.id, show.id, show.endpoint, show.data))
 
     def _hand_out(self, hand_out: events.HandOut) -> None:
-        """Push a message claimed for a subscription to its client."""
-        sub_id, message_id, endpoint, data = hand_out
-        sub = self.ctx.consumers.subs.get(sub_id) if sub_id is not None else None
-        # No subscriber (it left while the claim was in flight), or its client is gone
-        # (the push found no peer): never handed out, so back to new/ rather than stay
-        # claimed by nobody.
-        if sub is None or not self._push(
-            sub.client, wire.encode_push(sub.id, message_id, endpoint, data)
+        """Push a message claimed for a subscription to its client (a fetch keeps it for
+        its answer)."""
+        sub_id, message_id, endpoint, data, deliveries = hand_out
+        consumers = self.ctx.consumers
+        sub = consumers.subs.get(sub_id) if sub_id is not None else None
+        if sub is not None and sub.mode == FETCH:
+            sub.fetched.append((message_id, endpoint, deliveries, data))
+        elif sub is None or not self._push(
+            sub.client, wire.encode_push(sub.id, message_id, endpoint, data, deliveries)
         ):
-            self.ctx.ledger.put_back(message_id, endpoint)
+            # No subscriber (it left while the claim was in flight), or its client is
+            # gone or not reading: never handed out, so back in line (its count as it
+            # was) rather than claimed by nobody.
+            consumers.give_back(sub_id)
+            self.ctx.ledger.hand_back(message_id, endpoint, deliveries - 1)
             return
-        self.ctx.consumers.handed_out(sub, message_id, endpoint, _sender_of(data))
+        consumers.handed_out(sub, message_id, endpoint, _sender_of(data), deliveries, now_ms())
 
     def _send_ledger_outbox(self) -> None:
         """Send the ledger's claims and put-backs, in their order; what a writer does not
@@ -303,7 +317,18 @@ class Router:
         unsent = []
         for command in self.ctx.ledger.take_outbox():
             if isinstance(command, Claim):
-                frames = proto.claim(command.sub, command.id, command.endpoint)
+                frames = proto.claim(command.sub, command.id, command.endpoint, command.deliveries)
+            elif isinstance(command, DeadLetter):
+                frames = proto.op(
+                    command.token,
+                    "fail",
+                    id=command.id,
+                    endpoint=command.endpoint,
+                    reason=f"handed out {command.deliveries} times; its consumer died each time",
+                    code="max_deliveries",
+                    claimedOnly=True,
+                    deliveries=command.deliveries,
+                )
             else:
                 frames = proto.requeue(command.token, command.id, command.endpoint)
             if not self.links.send(command.shard, frames):
@@ -388,7 +413,7 @@ class Router:
 
     def _load_files(self, names: set[str], *, only_if_changed: bool = False) -> None:
         if self.ctx.settings.load(names, only_if_changed=only_if_changed):
-            self.ctx.reliability.configure(self.ctx.config)
+            self.ctx.configure()
 
     def _load_auth_file(self) -> None:
         """auth.json applied: rights narrowed take effect at once, on every socket."""

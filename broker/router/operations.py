@@ -32,6 +32,8 @@ OPERATIONS: dict[str, Operation] = {
     "unsubscribe": Operation(rq.Unsubscribe.decode, consume.unsubscribe),
     "ack": Operation(rq.Finish.decode, consume.ack),
     "nack": Operation(rq.Finish.decode, consume.nack),
+    "in_progress": Operation(rq.Finish.decode, consume.in_progress),
+    "fetch": Operation(rq.Fetch.decode, consume.fetch),
     "complete": Operation(rq.Finish.decode, consume.complete, admin=True),
     "fail": Operation(rq.Finish.decode, consume.fail, admin=True),
     "requeue": Operation(rq.Finish.decode, consume.requeue, admin=True),

@@ -75,7 +75,7 @@ def remove_rule(ctx: Context, session: Session, req: RemoveRule, rid: int) -> An
 
 def set_config(ctx: Context, session: Session, req: SetConfig, rid: int) -> Any:
     config = ctx.settings.set_config(req.config)
-    ctx.reliability.configure(config)
+    ctx.configure()
     return config
 
 

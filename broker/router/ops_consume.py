@@ -1,6 +1,6 @@
-"""Operations of a consuming client: its session (hello, ping, bye), its subscriptions,
-and finishing what it was handed (ack, nack), plus the operator's finishing of a
-pending message (complete, fail, requeue).
+"""Operations of a consuming client: its session (hello, ping, bye), its subscriptions
+and fetches, and finishing what it was handed (ack, nack, in_progress), plus the
+operator's finishing of a pending message (complete, fail, requeue).
 
 Finishing a message is a writer's job (the rename out of cur/); the credit it gives back
 takes the next message at the end of the pass (broker/router/delivery.py).
@@ -20,7 +20,7 @@ from broker.router.context import (
     now_ms,
 )
 from broker.router.jobs import Pending
-from broker.router.requests import Empty, Finish, Hello, Subscribe, Unsubscribe
+from broker.router.requests import Empty, Fetch, Finish, Hello, Subscribe, Unsubscribe
 from sdk import wire
 from sdk.errors import InvalidState, LimitExceeded
 from sdk.paths import shard_of
@@ -31,7 +31,10 @@ SERVER_NAME = "relay"
 
 def hello(ctx: Context, session: Session, req: Hello, rid: int) -> Any:
     session.batches = req.batch
+    holding = ctx.consumers.resume(session, req.session, list(req.holding), now_ms())
     return {
+        "session": session.token,  # present it when connecting again (`resume`)
+        "holding": holding,
         "server": SERVER_NAME,
         "version": wire.PROTOCOL_VERSION,
         "signals": ctx.about["signals"],
@@ -48,7 +51,9 @@ def ping(ctx: Context, session: Session, req: Hello, rid: int) -> Any:
     session.batches = session.batches or req.batch
     # The subscriptions this connection holds: a client that finds one of its own
     # missing (router restart, session timeout) knows to subscribe again.
-    return {"now": now_ms(), "subs": sorted(session.subs)}
+    # The session token: a client that finds another one than its hello gave it knows
+    # the router forgot it (a restart, or its session ended) and says hello again.
+    return {"now": now_ms(), "subs": sorted(session.subs), "session": session.token}
 
 
 def bye(ctx: Context, session: Session, req: Empty, rid: int) -> Any:
@@ -67,13 +72,62 @@ def subscribe(ctx: Context, session: Session, req: Subscribe, rid: int) -> Any:
             f"this client already has {len(session.subs)} subscriptions; "
             f"the limit is {limits['maxSubscriptionsPerClient']}"
         )
-    sub = ctx.consumers.subscribe(session.identity, req.pattern, req.mode, credit, now_ms())
+    sub = ctx.consumers.subscribe(
+        session.identity, req.pattern, req.mode, credit, now_ms(), req.ack_wait
+    )
     if req.mode != cons.CONSUME:
         return {"sub": sub.id}
     # The reply goes out first, then the backlog (pushes follow in order).
     ctx.replies.add(session.identity, wire.ok_body(rid, {"sub": sub.id, "credit": credit}))
     ctx.ledger.subscribed(sub, sorted(ctx.directory.matching(req.pattern)))
     return DEFERRED
+
+
+def fetch(ctx: Context, session: Session, req: Fetch, rid: int) -> Any:
+    """Claim up to ``batch`` messages for this client and answer with them: a consuming
+    subscription that ends with its answer (`answer_fetches`)."""
+    check_receives(session, req.pattern, operator_too=False)
+    limit = ctx.config["limits"]["maxCredit"]
+    if req.batch > limit:
+        raise LimitExceeded(f"batch {req.batch} exceeds the maximum of {limit}")
+    now = now_ms()
+    sub = ctx.consumers.subscribe(
+        session.identity, req.pattern, cons.FETCH, req.batch, now, req.ack_wait
+    )
+    sub.fetch_rid, sub.wait_until = rid, now + req.wait
+    ctx.ledger.subscribed(sub, sorted(ctx.directory.matching(req.pattern)))
+    return DEFERRED
+
+
+def answer_fetches(ctx: Context, now: int) -> None:
+    """Answer the fetches that are done (`Consumers.fetches_to_answer`): what each was
+    handed, held by its client from now on; its subscription ends."""
+    for sub in ctx.consumers.fetches_to_answer(now):
+        ctx.consumers.unsubscribe(sub.id)
+        messages = [
+            {"id": message_id, "endpoint": endpoint, "deliveries": deliveries, "data": data}
+            for message_id, endpoint, deliveries, data in sub.fetched
+        ]
+        ctx.replies.add(sub.client, wire.ok_body(sub.fetch_rid, {"messages": messages}))
+
+
+def in_progress(ctx: Context, session: Session, req: Finish, rid: int) -> Any:
+    """The holder is still working on a message: its ack deadline starts again."""
+    held = ctx.consumers.in_progress(
+        session.identity, req.id, req.endpoint, req.deliveries, now_ms()
+    )
+    if held is None:
+        raise InvalidState(_not_held(req))
+    return {"deliveries": held.deliveries}
+
+
+def _not_held(req: Finish) -> str:
+    handout = f" (hand-out {req.deliveries})" if req.deliveries is not None else ""
+    return (
+        f"message {req.id}{handout} of endpoint {req.endpoint} is not held by this "
+        "connection: answered already, never handed to it, or taken back (its ack "
+        "deadline passed, or its session ended) and handed out again"
+    )
 
 
 def unsubscribe(ctx: Context, session: Session, req: Unsubscribe, rid: int) -> Any:
@@ -115,16 +169,14 @@ def _finish(
     message_id, endpoint = req.id, req.endpoint
     if operator:
         holder = ctx.consumers.holder_of(message_id, endpoint)
-        sender = ctx.consumers.settled(holder, message_id, endpoint) if holder else None
+        held = ctx.consumers.settled(holder, message_id, endpoint) if holder else None
+        ctx.consumers.orphans.pop((message_id, endpoint), None)
         args["claimedOnly"] = True  # an operator finishes pending messages only
     else:
-        sender = ctx.consumers.settled(session.identity, message_id, endpoint)
-        if sender is None:
-            raise InvalidState(
-                f"message {message_id} of endpoint {endpoint} is not held by "
-                "this connection (already acknowledged, never delivered, or held by a "
-                "session that ended after 5 s of silence)"
-            )
+        held = ctx.consumers.settled(session.identity, message_id, endpoint, req.deliveries)
+        if held is None:
+            raise InvalidState(_not_held(req))
+    sender = held.sender if held is not None else None
 
     def finished(job: Pending) -> Any:
         if not operator:  # an ack or a nack teaches the endpoint's breaker

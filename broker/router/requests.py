@@ -77,13 +77,32 @@ class Empty:
 _EMPTY = Empty()
 
 
+MAX_HOLDING = 10_000  # claims a client may name as its own in one hello
+
+
 @dataclass(frozen=True, slots=True)
 class Hello:
     batch: bool  # replies of one pass batched into as few frames as possible
+    session: str | None = None  # the token of the client's earlier session
+    holding: tuple[tuple[str, str, int], ...] = ()  # (id, endpoint, deliveries) it holds
 
     @classmethod
     def decode(cls, body: Body) -> Hello:
-        return cls(body.get("batch") is True)
+        session = _optional_text(body, "session")
+        holding = body.get("holding") or []
+        if not isinstance(holding, list) or len(holding) > MAX_HOLDING:
+            raise InvalidMessage(
+                f"request field 'holding' must be a list of at most {MAX_HOLDING} "
+                "[id, endpoint, deliveries]"
+            )
+        held = []
+        for item in holding:
+            if not isinstance(item, list) or len(item) != 3:
+                raise InvalidMessage("each of 'holding' must be [id, endpoint, deliveries]")
+            message_id, endpoint, deliveries = item
+            fields = {"id": message_id, "endpoint": endpoint, "deliveries": deliveries}
+            held.append((check_id(message_id), _mailbox(fields), _int(fields, "deliveries")))
+        return cls(body.get("batch") is True, session, tuple(held))
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +155,7 @@ class Subscribe:
     pattern: str
     mode: str
     credit: int | None  # None: the configured default
+    ack_wait: int | None = None  # ms a message may be held unanswered; None: forever
 
     @classmethod
     def decode(cls, body: Body) -> Subscribe:
@@ -150,7 +170,31 @@ class Subscribe:
             not isinstance(credit, int) or isinstance(credit, bool) or credit < 1
         ):
             raise InvalidMessage(f"request field 'credit' must be a positive int, got {credit!r}")
-        return cls(pattern, mode, credit)
+        return cls(pattern, mode, credit, _ack_wait(body))
+
+
+def _ack_wait(body: Body) -> int | None:
+    return None if body.get("ackWait") is None else _int(body, "ackWait", minimum=1)
+
+
+MAX_FETCH_WAIT_MS = 300_000
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    pattern: str
+    batch: int  # at most this many messages
+    wait: int  # ms to wait for one when none waits
+    ack_wait: int | None
+
+    @classmethod
+    def decode(cls, body: Body) -> Fetch:
+        pattern = _subject(body, "pattern", wildcards=True)
+        batch = _int(body, "batch", 10, minimum=1)
+        wait = _int(body, "wait", 0, minimum=0)
+        if wait > MAX_FETCH_WAIT_MS:
+            raise InvalidMessage(f"request field 'wait' must be at most {MAX_FETCH_WAIT_MS} ms")
+        return cls(pattern, batch, wait, _ack_wait(body))
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +213,7 @@ class Finish:
     id: str
     endpoint: str  # the mailbox hash
     reason: str | None  # nack, fail: why (at most 1000 characters kept)
+    deliveries: int | None = None  # the hand-out answered; None: whichever is held
 
     @classmethod
     def decode(cls, body: Body) -> Finish:
@@ -177,7 +222,8 @@ class Finish:
         reason = body.get("reason") or None
         if reason is not None and not isinstance(reason, str):
             raise InvalidMessage("request field 'reason' must be a string")
-        return cls(message_id, endpoint, reason and reason[:1000])
+        deliveries = None if body.get("deliveries") is None else _int(body, "deliveries", minimum=1)
+        return cls(message_id, endpoint, reason and reason[:1000], deliveries)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import NamedTuple
 
-from broker.router.context import Context
+from broker.router.context import Context, now_ms
 from broker.router.jobs import WRITER_DEADLINE_MS, Pending
 from sdk import wire
 from sdk.errors import Unavailable, from_code
@@ -31,12 +31,14 @@ class Show(NamedTuple):
 
 
 class HandOut(NamedTuple):
-    """A message claimed for a subscription (None: for nobody any more): push it."""
+    """A message claimed for a subscription (None: for nobody any more): push it, as
+    its hand-out number ``deliveries``."""
 
     sub: int | None
     id: str
     endpoint: str
     data: bytes
+    deliveries: int = 1
 
 
 Push = Show | HandOut
@@ -84,12 +86,23 @@ def claimed(ctx: Context, claim: proto.Claimed, data: bytes | None) -> list[Push
         log.warning(
             "claim of %s/%s failed: %s %s", claim.endpoint, claim.id, claim.code, claim.message
         )
-    if ctx.ledger.claimed(claim.sub, claim.id, claim.endpoint, ok=claim.code is None):
-        return [HandOut(claim.sub, claim.id, claim.endpoint, data or b"")]
+    ok, unchanged = claim.code is None, claim.code == "storage_error"
+    if ctx.ledger.claimed(claim.sub, claim.id, claim.endpoint, ok=ok, unchanged=unchanged):
+        return [HandOut(claim.sub, claim.id, claim.endpoint, data or b"", claim.deliveries)]
     return []
 
 
 def replied(ctx: Context, reply: proto.Reply) -> None:
+    dead = ctx.ledger.dead_letter_done(reply.token)
+    if dead is not None:
+        if reply.ok:
+            log.warning(
+                "%s/%s is a dead letter: handed out %d times, its consumer gone each time",
+                dead.endpoint,
+                dead.id,
+                dead.deliveries,
+            )
+        return
     put_back = ctx.ledger.put_back_done(reply.token, ok=reply.ok)
     if put_back is not None:
         if not reply.ok and reply.result.get("code") != "invalid_state":  # never left new/
@@ -151,11 +164,26 @@ def writer_up(ctx: Context, shard: int) -> list[list[bytes]]:
     it back from its consumer). Returns the operations to send it now; its copies join
     this pass's outgoing ones."""
     ctx.ledger.writer_up(shard)
+    _adopt_orphans(ctx, shard)
     ops, copies = ctx.jobs.unpark(shard)
     for header, data in copies:
         ctx.ledger.storing(header.id, header.endpoint)
         ctx.jobs.queue_copy(shard, header, data)
     return ops
+
+
+def _adopt_orphans(ctx: Context, shard: int) -> None:
+    """Claims in the shard's cur/ that nobody holds as far as the router knows (it
+    restarted since they were handed out): their holders have one session timeout to
+    come back and say so (`resume`), then they are handed out again."""
+    unknown = [
+        claim
+        for claim in ctx.indexes.claimed_on(shard)
+        if not ctx.ledger.holds_claim(claim[0], claim[1])
+    ]
+    if unknown:
+        ctx.consumers.add_orphans(unknown, now_ms())
+        log.info("shard %d: %d claims held by nobody known; waiting for them", shard, len(unknown))
 
 
 def sweep(ctx: Context, now: int) -> None:
