@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from broker.zap import message_user, secure
 from sdk.paths import Home
@@ -28,6 +29,15 @@ class ClientLinks:
         self.clients = ctx.socket(zmq.ROUTER)
         self.clients.setsockopt(zmq.ROUTER_MANDATORY, 1)  # EHOSTUNREACH, never a silent drop
         self.clients.setsockopt(zmq.SNDHWM, CLIENT_HWM)
+        # A client whose ipc:// connection closes (its process killed, say) is gone at
+        # once, not at its session timeout: the monitor names the closed descriptor, and
+        # each client's first frame told which descriptor it came on. On tcp:// a
+        # closed connection may be a blip the client reconnects through with its
+        # session token: the session timeout decides there.
+        self._watch_fds = address.startswith("ipc://")
+        self.monitor = self.clients.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._fd_of: dict[bytes, int] = {}
+        self._on_fd: dict[int, set[bytes]] = {}
         # XPUB: the router sees the topics subscribed to (broker/router/signal_out.py).
         self.signals = ctx.socket(zmq.XPUB)
         for sock, where in ((self.clients, address), (self.signals, signals_address)):
@@ -47,7 +57,24 @@ class ClientLinks:
                 frames = self.clients.recv_multipart(NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            yield [f.bytes for f in frames], message_user(frames[0])
+            identity = frames[0].bytes
+            if self._watch_fds and identity not in self._fd_of and len(frames) > 1:
+                self._remember_fd(identity, frames[1])
+            yield [identity, *(f.bytes for f in frames[1:])], message_user(frames[0])
+
+    def _remember_fd(self, identity: bytes, frame: zmq.Frame) -> None:
+        with contextlib.suppress(zmq.ZMQError):
+            fd = frame.get(zmq.SRCFD)
+            self._fd_of[identity] = fd
+            self._on_fd.setdefault(fd, set()).add(identity)
+
+    def gone(self) -> list[bytes]:
+        """The clients whose connection just closed (read one monitor event)."""
+        event = parse_monitor_message(self.monitor.recv_multipart())
+        identities = self._on_fd.pop(event["value"], set())
+        for identity in identities:
+            self._fd_of.pop(identity, None)
+        return sorted(identities)
 
     def send(self, identity: bytes, frames: list[bytes], *, copy: bool = True) -> bool | None:
         """True when sent; False when the client is not reading (EAGAIN: its queue is
@@ -97,5 +124,7 @@ class ClientLinks:
                     os.chmod(address[len("ipc://") :], mode)
 
     def close(self) -> None:
+        self.clients.disable_monitor()
+        self.monitor.close(0)
         self.clients.close(0)
         self.signals.close(0)

@@ -149,6 +149,7 @@ class Router:
             *self.links.sockets,
             self.zap.socket,
             self.watch.fileno(),
+            self.public.monitor,
         ):
             poller.register(waitable, zmq.POLLIN)
         next_sweep = 0
@@ -165,6 +166,8 @@ class Router:
                 self._drain(self.from_writers, self._on_writer)
             if clients in events_:
                 self._drain_clients()
+            if self.public.monitor in events_:
+                self._clients_gone()
             self._end_of_pass()
             now = now_ms()
             if now >= next_sweep:
@@ -234,6 +237,12 @@ class Router:
             handled += dispatch.client_frame(self.ctx, frames, user, self._send_work)
             if handled >= limit:
                 return
+
+    def _clients_gone(self) -> None:
+        """Connections closed: their clients are gone, what they held goes to others."""
+        for identity in self.public.gone():
+            if self.ctx.consumers.end_session(identity) is not None:
+                log.info("client %s disconnected: session ended", identity.hex())
 
     def _send_work(self, session: Session, rid: int, work: WriterWork) -> Any:
         """Send one operation to several writers (or keep it for those not up yet);
