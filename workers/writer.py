@@ -269,6 +269,8 @@ class Writer:
                     reason=h.reason,
                     reason_code=h.code,
                     size=len(data),
+                    parent_id=h.parent_id,
+                    deliveries=1 if claimed else 0,  # stored claimed: handed out once
                 )
             )
             results.append(proto.Stored(h.token, h.id, h.endpoint, outcome, None, None, h.target))
@@ -323,7 +325,7 @@ class Writer:
             except OSError as exc:
                 error = ("storage_error", f"claim failed: {exc}")
                 return [proto.claimed(sub, message_id, endpoint, b"", error)]
-            changes.claims.append((message_id, endpoint, _claimed_at(name)))
+            changes.claims.append((message_id, endpoint, _claimed_at(name), 1))
             return [proto.claimed(sub, message_id, endpoint, content)]
         if kind == proto.OP:
             token, name, args = header  # a proto.Op

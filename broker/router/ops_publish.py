@@ -128,6 +128,7 @@ def queue_writes(
             code=dead.code if dead else None,
             failed_at=dead.failed_at if dead else None,
             once=relayed,
+            parent_id=request.parent_id,
         )
         job.copies[copy.endpoint] = copy
         job.shards.add(shard)
