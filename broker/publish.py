@@ -85,6 +85,7 @@ class PublishRequest:
     budget: Budget
     created_at: int
     payload: Any
+    parent_id: str | None = None  # a reply: the message it answers (kept in every copy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +187,8 @@ def encode_copy(
     tail = ""
     if request.subject != subject:
         tail += f',"publishedTo":{_json_str(request.subject)}'
+    if request.parent_id is not None:
+        tail += f',"parentId":{_json_str(request.parent_id)}'
     if dead is not None:
         tail += f',"deadLetter":{json.dumps(dead.to_wire(), ensure_ascii=False)}'
     return head.encode() + payload_json + (tail + "}").encode()

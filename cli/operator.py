@@ -241,6 +241,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
                     c["endpoint"],
                     c["subject"],
                     c["state"],
+                    c.get("deliveries", ""),  # a router before issue 25 sends neither
+                    c.get("parentId") or "-",
                     c["createdAt"],
                     c["storedAt"],
                     c["claimedAt"],
@@ -249,7 +251,18 @@ def cmd_trace(args: argparse.Namespace) -> int:
                 )
                 for c in t["copies"]
             ],
-            ("ENDPOINT", "SUBJECT", "STATE", "CREATED", "STORED", "CLAIMED", "FINISHED", "REASON"),
+            (
+                "ENDPOINT",
+                "SUBJECT",
+                "STATE",
+                "DELIVERIES",
+                "PARENT",
+                "CREATED",
+                "STORED",
+                "CLAIMED",
+                "FINISHED",
+                "REASON",
+            ),
         )
 
     emit(args, trace, human)

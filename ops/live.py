@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from broker.rejections import FILE_NAME as REJECTIONS_FILE
 from sdk.paths import Home
-from workers.filenames import parse_name
+from workers.filenames import format_name, parse_name
 from workers.index import MessageIndex
 from workers.index_sql import COLUMNS
 from workers.sqlite import open_db
@@ -45,6 +45,8 @@ INDEX_SCHEMA = pa.schema(
         ("reason", pa.string()),
         ("reason_code", pa.string()),
         ("size", pa.int64()),
+        ("parent_id", pa.string()),
+        ("deliveries", pa.int64()),
     ]
 )
 assert tuple(INDEX_SCHEMA.names) == COLUMNS
@@ -149,7 +151,7 @@ def rows_table(rows: list[tuple], schema: pa.Schema = INDEX_SCHEMA) -> pa.Table:
 
 class FileReader:
     """Reads the files of finished copies for the archive. A done file is found by its
-    canonical name from the index (``<id>,C=..,D=..:2,S``); cur/ is listed (once per
+    canonical name from the index (``<id>,C=..[,N=..],D=..:2,S``); cur/ is listed (once per
     endpoint and reader) only when that name misses."""
 
     def __init__(self, home: Home) -> None:
@@ -162,8 +164,8 @@ class FileReader:
         if state == "failed":
             path = f"{base}/failed/{message_id}"
         else:
-            claimed_at, done_at = row[7], row[8]
-            path = f"{base}/cur/{message_id},C={claimed_at},D={done_at}:2,S"
+            name = format_name(message_id, row[7], row[8], "S", row[13])
+            path = f"{base}/cur/{name}"
         try:
             with open(path, "rb") as f:
                 return f.read()

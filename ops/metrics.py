@@ -132,15 +132,20 @@ def collect(
     overlap = 0
     dup = None
     if archived is not None:
-        archived = archived.select(*COLUMNS)
+        # The archive has the index columns of its day (docs/ops.md), not those added
+        # since (parent_id, deliveries): the union holds the ones both sides have.
+        shared = [c for c in COLUMNS if c in archived.columns]
+        archived = archived.select(*shared)
         keys = ["id", "endpoint"]
         finished = live.where(F.col("state").isin("done", "failed")).select(*keys)
         dup = archived.select(*keys).join(finished, keys, "left_semi").cache()
         overlap = dup.count()
         if overlap:
             live = live.join(dup, keys, "left_anti")
-        messages = live.withColumn("source", F.lit("live")).unionByName(
-            archived.withColumn("source", F.lit("archive"))
+        messages = (
+            live.select(*shared)
+            .withColumn("source", F.lit("live"))
+            .unionByName(archived.withColumn("source", F.lit("archive")))
         )
     else:
         messages = live.withColumn("source", F.lit("live"))

@@ -144,6 +144,7 @@ class Envelope:
     created_at: int  # unix ms
     payload: Any
     published_to: str | None = None  # the subject/pattern the publisher named, if different
+    parent_id: str | None = None  # a reply: the id of the message it answers
     # How many times this copy has been handed to a consumer, this time included (1 the
     # first time; 0: not handed out, as in a file or to an observer). Said by the
     # router with each hand-out, never in the file.
@@ -161,6 +162,8 @@ class Envelope:
         }
         if self.published_to is not None:
             wire["publishedTo"] = self.published_to
+        if self.parent_id is not None:
+            wire["parentId"] = self.parent_id
         return wire
 
     @classmethod
@@ -181,6 +184,7 @@ class Envelope:
             created_at=get_field(d, "createdAt", int, path, minimum=0),
             payload=payload,
             published_to=get_subject(d, "publishedTo", path, wildcards=True, default=None),
+            parent_id=_optional_id(d, "parentId", path),
         )
 
     def to_json(self) -> bytes:
@@ -192,6 +196,11 @@ class Envelope:
         return cls.from_wire(loads_json(data))
 
 
+def _optional_id(d: Mapping[str, Any], name: str, path: str) -> str | None:
+    value = d.get(name)
+    return None if value is None else check_id(value, label_of(path, name))
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetterInfo:
     """Why and when a message was dead-lettered; ``deadLetter`` in a file in ``failed/``."""
@@ -200,14 +209,20 @@ class DeadLetterInfo:
     code: str  # stable: hop_limit, cycle_detected, no_match, access_denied, nack, ...
     failed_at: int  # unix ms
     endpoint: str  # endpoint hash, or "_unroutable"
+    # How many times the copy had been handed to a consumer when it failed; written
+    # only when it was (a dead letter made at publish time was never handed out).
+    deliveries: int = 0
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire = {
             "reason": self.reason,
             "code": self.code,
             "failedAt": self.failed_at,
             "endpoint": self.endpoint,
         }
+        if self.deliveries:
+            wire["deliveries"] = self.deliveries
+        return wire
 
     @classmethod
     def from_wire(cls, d: object, *, path: str = "deadLetter") -> Self:
@@ -217,6 +232,7 @@ class DeadLetterInfo:
             code=get_field(d, "code", str, path),
             failed_at=get_field(d, "failedAt", int, path, minimum=0),
             endpoint=get_field(d, "endpoint", str, path),
+            deliveries=get_field(d, "deliveries", int, path, default=0, minimum=0),
         )
 
 

@@ -11,6 +11,7 @@ import pytest
 from inotify_simple import INotify
 from inotify_simple import flags as iflags
 
+from cli.main import main as relay_main
 from sdk.paths import shard_of
 from sdk.types import Envelope
 from tests.harness import signals_flowing, wait_for
@@ -62,6 +63,40 @@ def test_published_message_reaches_subscriber_and_is_done_after_ack(broker):
     # the id the publisher got is the file name in the mailbox
     cur = os.listdir(os.path.join(info.maildir_path, "cur"))
     assert [n.split(",")[0] for n in cur] == [result.message_id]
+
+
+def test_a_reply_keeps_the_id_of_the_message_it_answers_through_a_rebuild(broker, capsys):
+    # Given a question from A to B, and B's reply to it
+    client = broker.client()
+    info_a = client.register_endpoint(A)
+    info_b = client.register_endpoint(B)
+    question = client.publish(B, "question?", sender=A, reply_to=A).message_id
+    asked = Inbox()
+    client.subscribe(B, asked)
+    wait_for(lambda: asked.items, what="the question to reach B")
+    answer = client.reply(asked.items[0], "answer!", sender=B).message_id
+    # Then the reply's file, its handler and its trace name the question
+    with open(os.path.join(info_a.maildir_path, "new", answer)) as f:
+        assert json.load(f)["parentId"] == question
+    [copy] = client.trace(answer)["copies"]
+    assert copy["parentId"] == question and copy["deliveries"] == 0
+    [asked_copy] = client.trace(question)["copies"]
+    assert asked_copy["parentId"] is None and asked_copy["deliveries"] == 1
+    assert asked_copy["endpoint"] == info_b.hash
+    # and so does the index rebuilt from the Maildir alone
+    client.rebuild_index()
+    [copy] = client.trace(answer)["copies"]
+    assert copy["parentId"] == question and copy["deliveries"] == 0
+    # `relay trace` shows both
+    capsys.readouterr()
+    assert relay_main(["--home", str(broker.home.root), "trace", answer]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split()[3:5] == ["DELIVERIES", "PARENT"]
+    assert row.split()[3:5] == ["0", question]
+    answers = Inbox()
+    client.subscribe(A, answers)
+    wait_for(lambda: answers.items, what="the answer to reach A")
+    assert answers.items[0].parent_id == question
 
 
 def test_wildcard_publish_fans_out_to_every_matching_endpoint(broker):
@@ -193,6 +228,8 @@ def test_consumer_that_dies_leaves_its_messages_pending(broker):
     )
     assert sorted(p["id"] for p in pending) == ids
     assert all(p["claimedAt"] for p in pending)
+    assert [p["deliveries"] for p in pending] == [1, 1, 1]
+    assert [p["parentId"] for p in pending] == [None, None, None]
     client.complete(ids[0], info.hash)
     client.fail(ids[1], info.hash, "operator gave up")
     assert [p["id"] for p in client.pending(A)] == [ids[2]]

@@ -15,13 +15,13 @@ import pytest
 
 from sdk.errors import InvalidMessage, StorageError
 from sdk.ids import new_id
-from workers.filenames import parse_name
+from workers.filenames import format_name, parse_name
 from workers.group_commit import deliver_batch
 from workers.index import MessageIndex, rebuild_from_maildir
-from workers.index_sql import SCHEMA_VERSION
+from workers.index_sql import MIGRATIONS, SCHEMA_VERSION
 from workers.maildir import Mailbox
 from workers.records import MessageRecord, State
-from workers.sqlite import open_db
+from workers.sqlite import migrate, open_db
 
 NOW = 1_764_108_000_000
 
@@ -76,20 +76,24 @@ def test_claims_dones_fails_and_requeues_move_rows_through_their_states(
     index.write(inserts=[a, b, c, d])
     index.write(
         claims=[
-            (a.id, a.endpoint, NOW + 1),
-            (b.id, b.endpoint, NOW + 2),
-            (d.id, d.endpoint, NOW + 3),
+            (a.id, a.endpoint, NOW + 1, 2),
+            (b.id, b.endpoint, NOW + 2, 1),
+            (d.id, d.endpoint, NOW + 3, 1),
         ]
     )
+    [ra] = index.get(a.id)
+    assert (ra.state, ra.claimed_at, ra.deliveries) == (State.CLAIMED, NOW + 1, 2)
     index.write(
         dones=[(a.id, a.endpoint, NOW + 5)],
-        fails=[(b.id, b.endpoint, NOW + 6, "handler raised", "nack", 321)],
+        fails=[(b.id, b.endpoint, NOW + 6, "handler raised", "nack", 321, 1)],
         requeues=[(d.id, d.endpoint)],
     )
     index.write(fails=[(c.id, c.endpoint, NOW + 7, "expired", "ttl")])  # no size: kept
     [ra], [rb], [rc], [rd] = (index.get(r.id) for r in (a, b, c, d))
     assert (ra.state, ra.claimed_at, ra.finished_at) == (State.DONE, NOW + 1, NOW + 5)
-    # a dead letter's file keeps no claim time, so neither does its row
+    assert ra.deliveries == 2  # done keeps the count of the claim it finished
+    # a dead letter's file keeps no claim time, so neither does its row; it keeps the
+    # hand-outs its deadLetter says (none when not given)
     assert rb == record(
         b.id,
         state=State.FAILED,
@@ -97,9 +101,19 @@ def test_claims_dones_fails_and_requeues_move_rows_through_their_states(
         reason="handler raised",
         reason_code="nack",
         size=321,
+        deliveries=1,
     )
-    assert (rc.state, rc.reason_code, rc.size) == (State.FAILED, "ttl", 100)
-    assert (rd.state, rd.claimed_at) == (State.NEW, None)
+    assert (rc.state, rc.reason_code, rc.size, rc.deliveries) == (State.FAILED, "ttl", 100, 0)
+    # back in new/: handed out to nobody now (deliveries_of("new", ...) is 0)
+    assert (rd.state, rd.claimed_at, rd.deliveries) == (State.NEW, None, 0)
+
+
+def test_a_row_keeps_the_parent_id_it_was_inserted_with(index: MessageIndex) -> None:
+    parent = new_id()
+    reply, other = record(parent_id=parent), record()
+    index.write(inserts=[reply, other])
+    assert index.get(reply.id)[0].parent_id == parent
+    assert index.get(other.id)[0].parent_id is None
 
 
 def test_a_group_commit_is_one_transaction(index: MessageIndex) -> None:
@@ -110,7 +124,7 @@ def test_a_group_commit_is_one_transaction(index: MessageIndex) -> None:
     bad = record(state="lost")  # type: ignore[arg-type]
     # When it is written, Then nothing of it is, not even the rows before the bad one
     with pytest.raises(StorageError):
-        index.write(inserts=[good, bad], claims=[(kept.id, kept.endpoint, NOW)])
+        index.write(inserts=[good, bad], claims=[(kept.id, kept.endpoint, NOW, 1)])
     assert index.all_records() == [kept]
 
 
@@ -289,6 +303,35 @@ def test_a_fresh_index_is_migrated_and_a_reopened_one_keeps_its_rows(tmp_path: P
         assert {"messages_endpoint_state", "messages_subject"} <= names
 
 
+def test_a_version_1_index_gains_parent_id_and_deliveries_agreeing_with_its_files(
+    tmp_path: Path,
+) -> None:
+    # Given an index written by a Relay before parentId and deliveries were kept
+    path = tmp_path / "index-0.db"
+    conn = open_db(path)
+    migrate(conn, MIGRATIONS[:1])
+    waiting, claimed, done = (
+        record(),
+        record(state=State.CLAIMED, claimed_at=NOW),
+        record(state=State.DONE, claimed_at=NOW, finished_at=NOW + 1),
+    )
+    for row in (waiting, claimed, done):
+        conn.execute(
+            f"INSERT INTO messages VALUES ({', '.join('?' * 12)})",
+            dataclasses.astuple(row)[:12],
+        )
+    conn.close()
+    # When this Relay opens it
+    with MessageIndex(path) as index:
+        # Then it is migrated, and each row counts what its file says: a file in cur/
+        # was handed out once (no N= then), one in new/ never; no file had a parentId
+        assert index.schema_version == SCHEMA_VERSION == 2
+        rows = {r.id: r for r in index.all_records()}
+        assert rows[waiting.id] == waiting
+        assert rows[claimed.id] == dataclasses.replace(claimed, deliveries=1)
+        assert rows[done.id] == dataclasses.replace(done, deliveries=1)
+
+
 def test_an_index_from_a_newer_relay_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "index-0.db"
     MessageIndex(path).close()
@@ -364,6 +407,7 @@ def test_an_index_rebuilt_from_the_maildir_equals_the_one_the_writer_kept(
         box.create()
     index = MessageIndex(tmp_path / "index-0.db")
     delivered: list[tuple[str, str]] = []
+    parents: list[str] = []  # ids published so far: a later one may answer one
     for batch in range(4):
         items, inserts = [], []
         for n in range(25):
@@ -401,13 +445,57 @@ def test_an_index_rebuilt_from_the_maildir_equals_the_one_the_writer_kept(
                     )
                 )
                 continue
+            if n % 12 == 7:  # a consumer's dead letter, written whole (handed out twice)
+                endpoint, failed_at = endpoints[0], created + 2
+                data = envelope(
+                    message_id,
+                    f"relay.agent.{endpoint}",
+                    sender,
+                    created,
+                    deadLetter={
+                        "reason": "consumer died twice",
+                        "code": "max_deliveries",
+                        "failedAt": failed_at,
+                        "endpoint": endpoint,
+                        "deliveries": 2,
+                    },
+                )
+                items.append((boxes[endpoint], message_id, data, "failed"))
+                inserts.append(
+                    MessageRecord(
+                        message_id,
+                        endpoint,
+                        f"relay.agent.{endpoint}",
+                        sender,
+                        State.FAILED,
+                        created,
+                        0,
+                        finished_at=failed_at,
+                        reason="consumer died twice",
+                        reason_code="max_deliveries",
+                        size=len(data),
+                        deliveries=2,
+                    )
+                )
+                continue
+            parent = parents[-1] if n % 4 == 1 and parents else None
+            parents.append(message_id)
             for endpoint in endpoints[: 1 + n % 3]:  # fan-out to 1..3 endpoints
                 subject = f"relay.agent.{endpoint}"
-                data = envelope(message_id, subject, sender, created)
+                extra = {} if parent is None else {"parentId": parent}
+                data = envelope(message_id, subject, sender, created, **extra)
                 items.append((boxes[endpoint], message_id, data, "new"))
                 inserts.append(
                     MessageRecord(
-                        message_id, endpoint, subject, sender, State.NEW, created, 0, size=len(data)
+                        message_id,
+                        endpoint,
+                        subject,
+                        sender,
+                        State.NEW,
+                        created,
+                        0,
+                        size=len(data),
+                        parent_id=parent,
                     )
                 )
                 delivered.append((message_id, endpoint))
@@ -426,7 +514,14 @@ def test_an_index_rebuilt_from_the_maildir_equals_the_one_the_writer_kept(
         box = boxes[endpoint]
         if k % 2 == 0:
             name, _ = box.claim(message_id, NOW + 10_000 + k)
-            claims.append((message_id, endpoint, parse_name(name).claimed_at))
+            deliveries = 1
+            if k % 8 == 2:  # handed out again (its first holder died): N= in the name
+                deliveries = 3
+                again = format_name(message_id, NOW + 10_000 + k, None, "", deliveries)
+                os.rename(f"{box.cur_dir}/{name}", f"{box.cur_dir}/{again}")
+                box = Mailbox.at(mailboxes, endpoint)  # finds the renamed claim by scanning
+                boxes[endpoint] = box
+            claims.append((message_id, endpoint, parse_name(name).claimed_at, deliveries))
             if k % 4 == 0:
                 box.complete(message_id, NOW + 20_000 + k)
                 dones.append((message_id, endpoint, NOW + 20_000 + k))

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from sdk.errors import AlreadyClaimed, InvalidMessage, InvalidState, MessageNotFound, StorageError
 from sdk.ids import new_id
-from workers.filenames import FileName, format_name, parse_name
+from workers.filenames import FileName, deliveries_of, format_name, parse_name
 from workers.group_commit import deliver_batch
 from workers.maildir import Mailbox
 from workers.records import MessageRecord, State
@@ -91,8 +91,24 @@ def files_in(directory: str) -> list[str]:
             "01JD0000000000000000000000,S=512,C=17:2,",
             FileName("01JD0000000000000000000000", 17, None, ""),
         ),
+        (
+            "01JD0000000000000000000000,C=17,N=3:2,",
+            FileName("01JD0000000000000000000000", 17, None, "", 3),
+        ),
+        (
+            "01JD0000000000000000000000,C=17,N=2,D=18:2,S",
+            FileName("01JD0000000000000000000000", 17, 18, "S", 2),
+        ),
     ],
-    ids=["new", "claimed", "done", "maildir-native-seen", "foreign-field-kept-out"],
+    ids=[
+        "new",
+        "claimed",
+        "done",
+        "maildir-native-seen",
+        "foreign-field-kept-out",
+        "claimed-third-time",
+        "done-after-two",
+    ],
 )
 def test_parse_name_reads_claim_and_done_times(name: str, parsed: FileName) -> None:
     assert parse_name(name) == parsed
@@ -104,11 +120,51 @@ def test_parse_name_reads_claim_and_done_times(name: str, parsed: FileName) -> N
         FileName("01JD0000000000000000000000"),
         FileName("01JD0000000000000000000000", 17, None, ""),
         FileName("01JD0000000000000000000000", 17, 18, "S"),
+        FileName("01JD0000000000000000000000", 17, None, "", 2),
+        FileName("01JD0000000000000000000000", 17, 18, "S", 7),
     ],
-    ids=["new", "claimed", "done"],
+    ids=["new", "claimed", "done", "claimed-again", "done-after-seven"],
 )
 def test_format_name_is_the_inverse_of_parse_name(parsed: FileName) -> None:
     assert parse_name(format_name(*parsed)) == parsed
+
+
+def test_format_name_writes_n_from_the_second_hand_out_on_right_after_c() -> None:
+    m = "01JD0000000000000000000000"
+    assert format_name(m, 17, None, "", deliveries=1) == f"{m},C=17:2,"
+    assert format_name(m, 17, None, "", deliveries=2) == f"{m},C=17,N=2:2,"
+    assert format_name(m, 17, 18, "S", deliveries=5) == f"{m},C=17,N=5,D=18:2,S"
+
+
+@pytest.mark.parametrize(
+    ("subdir", "name", "dead_letter", "expected"),
+    [
+        ("new", "01JD0000000000000000000000", None, 0),
+        ("cur", "01JD0000000000000000000000,C=17:2,", None, 1),
+        ("cur", "01JD0000000000000000000000,C=17,N=4:2,", None, 4),
+        ("cur", "01JD0000000000000000000000,C=17,N=4,D=18:2,S", None, 4),
+        ("cur", "01JD0000000000000000000000:2,S", None, 1),
+        ("failed", "01JD0000000000000000000000", {"code": "no_match"}, 0),
+        ("failed", "01JD0000000000000000000000", {"code": "nack", "deliveries": 3}, 3),
+        ("failed", "01JD0000000000000000000000", {"deliveries": "3"}, 0),
+        ("failed", "01JD0000000000000000000000", None, 0),
+    ],
+    ids=[
+        "new-never-handed-out",
+        "claimed-once",
+        "claimed-fourth-time",
+        "done-after-four",
+        "maildir-native-seen",
+        "dead-letter-never-handed-out",
+        "dead-letter-of-a-consumer",
+        "dead-letter-junk-count",
+        "failed-without-dead-letter",
+    ],
+)
+def test_deliveries_of_a_file_follows_its_directory_and_name(
+    subdir: str, name: str, dead_letter: dict | None, expected: int
+) -> None:
+    assert deliveries_of(subdir, parse_name(name), dead_letter) == expected
 
 
 @pytest.mark.parametrize(
@@ -169,6 +225,16 @@ def test_complete_marks_a_claimed_message_done(box: Mailbox) -> None:
     assert name == f"{message_id},C={NOW + 5},D={NOW + 9}:2,S"
     assert files_in(box.cur_dir) == [name]
     assert box.read(message_id) == (State.DONE, data)
+
+
+def test_complete_keeps_how_many_times_the_message_was_handed_out(
+    mailboxes: Path, box: Mailbox
+) -> None:
+    message_id, data = make_envelope()
+    (Path(box.cur_dir) / format_name(message_id, NOW, None, "", 3)).write_bytes(data)
+    fresh = Mailbox.at(mailboxes, box.endpoint)  # finds the claim by scanning cur/
+    name = fresh.complete(message_id, NOW + 1)
+    assert name == f"{message_id},C={NOW},N=3,D={NOW + 1}:2,S"
 
 
 def test_complete_after_a_restart_finds_the_claimed_file_by_scanning(

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from broker.router.requests import Publish
 from sdk import wire
 from sdk.errors import ERROR_CLASSES
-from sdk.types import PublishResult
+from sdk.types import Envelope, PublishResult
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()
 BLOCKS = re.findall(r"```(request|reply|push|json)\n(.*?)```", DOC, re.S)
@@ -54,6 +55,17 @@ def test_push_example_decodes():
     for example in examples("push"):
         push = wire.decode_incoming([wire.MAGIC, wire.packb(example), b"{}"])
         assert isinstance(push, wire.Push) and push.sub == example["sub"]
+
+
+def test_the_envelope_examples_decode_and_one_is_a_reply_naming_its_parent():
+    envelopes = [Envelope.from_wire(e) for e in examples("json")]
+    assert envelopes and any(e.parent_id is not None for e in envelopes)
+    for example in examples("request"):
+        if example["op"] == "publish" and "parentId" in example:
+            assert Publish.decode(example).parent_id == example["parentId"]
+            break
+    else:
+        raise AssertionError("no publish example names a parentId")
 
 
 def test_every_error_code_in_the_table_exists_in_the_taxonomy():

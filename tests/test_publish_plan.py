@@ -115,11 +115,19 @@ json_values = st.recursive(
     payload=json_values,
     reply_to=st.sampled_from([None, SENDER]),
     published=st.sampled_from([A, "relay.agent.p.*"]),
+    parent=st.sampled_from([None, "01JDQ3ZV9R6Q4W1T3M5N7P8K29"]),
 )
-def test_spliced_file_equals_the_reference_encoding(payload, reply_to, published):
+def test_spliced_file_equals_the_reference_encoding(payload, reply_to, published, parent):
     """The fast path (payload encoded once, spliced) against Envelope.to_json."""
     req = PublishRequest(
-        "01JDQ3ZV9R6Q4W1T3M5N7P8K2A", published, SENDER, reply_to, default_budget(NOW), NOW, payload
+        "01JDQ3ZV9R6Q4W1T3M5N7P8K2A",
+        published,
+        SENDER,
+        reply_to,
+        default_budget(NOW),
+        NOW,
+        payload,
+        parent,
     )
     data = encode_copy(req, A, req.budget, encode_payload(payload, 1 << 30))
     reference = Envelope(
@@ -131,8 +139,20 @@ def test_spliced_file_equals_the_reference_encoding(payload, reply_to, published
         NOW,
         payload,
         None if published == A else published,
+        parent,
     )
     assert data == reference.to_json()
+
+
+def test_every_copy_of_a_reply_keeps_its_parent_id_dead_letters_too():
+    parent = "01JDQ3ZV9R6Q4W1T3M5N7P8K29"
+    req = PublishRequest(
+        "01JDQ3ZV9R6Q4W1T3M5N7P8K2A", A, SENDER, None, default_budget(NOW), NOW, 1, parent
+    )
+    delivered = plan(req, [endpoint(A)]).copies
+    unroutable = plan(req, []).copies
+    for copy in (*delivered, *unroutable):
+        assert parse_message_file(copy.data)[0].parent_id == parent
 
 
 def test_reliability_gate_runs_after_access_and_before_the_budget():

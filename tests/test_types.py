@@ -72,7 +72,9 @@ ROUND_TRIPS = {
     "envelope-no-reply": make_envelope(reply_to=None),
     "envelope-published-to": make_envelope(published_to="relay.agent.*.backend"),
     "envelope-null-payload": make_envelope(payload=None),
+    "envelope-parent-id": make_envelope(parent_id=new_id(NOW - 1)),
     "dead-letter-info": DeadLetterInfo("max hops exceeded (5/5)", "hop_limit", NOW, "abcdef012345"),
+    "dead-letter-info-deliveries": DeadLetterInfo("x", "max_deliveries", NOW, "abcdef012345", 5),
     "signal": Signal(SignalType.TYPING, "start", "relay.agent.p.backend", NOW),
     "signal-data": Signal(
         SignalType.BACKPRESSURE,
@@ -133,6 +135,25 @@ def test_envelope_includes_published_to_only_when_set() -> None:
     assert "publishedTo" not in make_envelope().to_wire()
     wire = make_envelope(published_to="relay.>").to_wire()
     assert wire["publishedTo"] == "relay.>"
+
+
+def test_envelope_includes_parent_id_only_when_set() -> None:
+    assert "parentId" not in make_envelope().to_wire()
+    parent = new_id(NOW - 1)
+    wire = make_envelope(parent_id=parent).to_wire()
+    assert wire["parentId"] == parent
+    assert Envelope.from_json(make_envelope(parent_id=parent).to_json()).parent_id == parent
+
+
+def test_envelope_parent_id_must_be_a_message_id() -> None:
+    with pytest.raises(InvalidMessage, match="parentId must be a 26-character ULID"):
+        Envelope.from_wire({**envelope_wire(), "parentId": "not-an-id"})
+
+
+def test_dead_letter_info_writes_deliveries_only_when_handed_out() -> None:
+    assert "deliveries" not in DeadLetterInfo("r", "nack", NOW, "abcdef012345").to_wire()
+    wire = DeadLetterInfo("r", "max_deliveries", NOW, "abcdef012345", 5).to_wire()
+    assert wire["deliveries"] == 5
 
 
 def test_envelope_accepts_missing_reply_to_as_none() -> None:

@@ -27,9 +27,10 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from sdk.errors import MessageNotFound
+from sdk.errors import InvalidMessage, MessageNotFound
 from sdk.ids import is_id, new_id
 from workers.faults import fault_point
+from workers.filenames import deliveries_of, parse_name
 from workers.fsio import OPEN_READ, fsync_dir, read_fd, storage_error, store_file
 
 if TYPE_CHECKING:
@@ -95,6 +96,10 @@ def move_to_failed(
         "failedAt": now_ms,
         "endpoint": mailbox.endpoint,
     }
+    # How many times it was handed out (the name in cur/ says), kept so that the
+    # rebuilt index says it too.
+    if source_dir == mailbox.cur_dir and (handed := _deliveries_in(name)):
+        dead_letter["deliveries"] = handed
     envelope = None
     if keep_envelope:
         try:
@@ -161,3 +166,10 @@ def purge_failed(mailbox: Mailbox) -> list[str]:
         except OSError as exc:
             raise storage_error(f"purge dead letters of {mailbox.endpoint}", exc) from exc
     return removed
+
+
+def _deliveries_in(name: str) -> int:
+    try:
+        return deliveries_of("cur", parse_name(name))
+    except InvalidMessage:
+        return 0

@@ -1,6 +1,7 @@
 """Message file names and what they say (docs/architecture.md, "File names and
-states"): ``<id>[,C=<claimed ms>][,D=<done ms>][:2,<flags>]``, the state a name means in
-its directory, and which state wins when one id has several files.
+states"): ``<id>[,C=<claimed ms>][,N=<deliveries>][,D=<done ms>][:2,<flags>]``, the
+state a name means in its directory, how many times the copy was handed to a consumer,
+and which state wins when one id has several files.
 
 Pure: no I/O.
 """
@@ -8,7 +9,8 @@ Pure: no I/O.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from sdk.errors import InvalidMessage
 from sdk.ids import is_id
@@ -22,6 +24,7 @@ class FileName(NamedTuple):
     claimed_at: int | None = None
     done_at: int | None = None
     flags: str | None = None
+    deliveries: int | None = None  # the ,N= field: None when the name has none
 
 
 _FIELD_RE = re.compile(r"^([A-Za-z]+)=(\d+)$")
@@ -30,8 +33,9 @@ _FIELD_RE = re.compile(r"^([A-Za-z]+)=(\d+)$")
 def parse_name(name: str) -> FileName:
     """Split ``<id>[,K=V...][:2,<flags>]`` into its parts; InvalidMessage if it is not one.
 
-    Fields other than C= (claimed ms) and D= (done ms) are kept out of the result but
-    accepted, so a Dovecot-style ``,S=<size>`` written by another tool does not hide a file.
+    Fields other than C= (claimed ms), N= (deliveries) and D= (done ms) are kept out of
+    the result but accepted, so a Dovecot-style ``,S=<size>`` written by another tool
+    does not hide a file.
     """
     if len(name) == 26:  # the common case, new/<id> and failed/<id>
         if is_id(name):
@@ -43,7 +47,7 @@ def parse_name(name: str) -> FileName:
     message_id, *fields = base.split(",")
     if not is_id(message_id):
         raise InvalidMessage(f"file name {name!r} does not start with a message id")
-    claimed_at = done_at = None
+    claimed_at = done_at = deliveries = None
     for field in fields:
         match = _FIELD_RE.match(field)
         if match is None:
@@ -53,7 +57,9 @@ def parse_name(name: str) -> FileName:
             claimed_at = value
         elif key == "D":
             done_at = value
-    return FileName(message_id, claimed_at, done_at, flags if sep else None)
+        elif key == "N":
+            deliveries = value
+    return FileName(message_id, claimed_at, done_at, flags if sep else None, deliveries)
 
 
 def format_name(
@@ -61,11 +67,16 @@ def format_name(
     claimed_at: int | None = None,
     done_at: int | None = None,
     flags: str | None = None,
+    deliveries: int | None = None,
 ) -> str:
-    """The inverse of `parse_name` (for the fields Relay writes)."""
+    """The inverse of `parse_name` (for the fields Relay writes). ``N=`` is written only
+    from the second hand-out on: a file in cur/ without it was handed out once, so the
+    common case keeps the name every other Maildir reader knows."""
     name = message_id
     if claimed_at is not None:
         name += f",C={claimed_at}"
+    if deliveries is not None and deliveries >= 2:
+        name += f",N={deliveries}"
     if done_at is not None:
         name += f",D={done_at}"
     if flags is not None:
@@ -80,6 +91,23 @@ def state_of(subdir: str, parsed: FileName) -> State:
     if subdir == "failed":
         return State.FAILED
     return State.DONE if parsed.flags and "S" in parsed.flags else State.CLAIMED
+
+
+def deliveries_of(
+    subdir: str, parsed: FileName, dead_letter: Mapping[str, Any] | None = None
+) -> int:
+    """How many times the copy in ``subdir`` named ``parsed`` was handed to a consumer.
+
+    new/: 0 (never, or put back before anyone received it). cur/: the name's ``N=``,
+    else 1 (a file reaches cur/ by being handed out; N is written from the second time
+    on). failed/: ``deliveries`` of the file's ``deadLetter`` (``dead_letter``), else 0.
+    """
+    if subdir == "new":
+        return 0
+    if subdir == "failed":
+        count = None if dead_letter is None else dead_letter.get("deliveries")
+        return count if type(count) is int and count >= 0 else 0
+    return 1 if parsed.deliveries is None else parsed.deliveries
 
 
 # Precedence when one id has several files (a crash inside fail, or a power cut that

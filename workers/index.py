@@ -77,6 +77,8 @@ def _record(row: Sequence) -> MessageRecord:
         row[9],
         row[10],
         row[11],
+        row[12],
+        row[13],
     )
 
 
@@ -143,7 +145,7 @@ class MessageIndex:
     def write(
         self,
         inserts: Iterable[MessageRecord] = (),
-        claims: Iterable[tuple[str, str, int]] = (),
+        claims: Iterable[tuple[str, str, int, int]] = (),
         dones: Iterable[tuple[str, str, int]] = (),
         fails: Iterable[tuple] = (),
         requeues: Iterable[tuple[str, str]] = (),
@@ -154,26 +156,28 @@ class MessageIndex:
         list its changes so that this order is right, or be split).
 
         - inserts: MessageRecord (an existing (id, endpoint) row is replaced)
-        - claims: (id, endpoint, claimed_at); dones: (id, endpoint, done_at)
-        - fails: (id, endpoint, failed_at, reason, code[, size]); size is the dead
-          letter's file size that `Mailbox.fail` returns; without it the row keeps
-          the old size and differs from a rebuilt one
-        - requeues, deletes: (id, endpoint)
+        - claims: (id, endpoint, claimed_at, deliveries): deliveries counts this
+          hand-out (1 the first time); dones: (id, endpoint, done_at), the count kept
+        - fails: (id, endpoint, failed_at, reason, code[, size[, deliveries]]); size is
+          the dead letter's file size that `Mailbox.fail` returns; without it the row
+          keeps the old size and differs from a rebuilt one; deliveries is what the
+          file's deadLetter records (0, the default, when it records none)
+        - requeues, deletes: (id, endpoint); a requeued row counts 0 hand-outs
         """
         cursor = self._conn.cursor()
         try:
             with transaction(self._conn):
                 cursor.executemany(INSERT, _insert_rows(inserts))
-                cursor.executemany(CLAIM, ((c, i, e) for i, e, c in claims))
+                cursor.executemany(CLAIM, ((c, n, i, e) for i, e, c, n in claims))
                 cursor.executemany(DONE, ((d, i, e) for i, e, d in dones))
                 sized, unsized = [], []
                 for fail in fails:
-                    if len(fail) == 6:
-                        i, e, at, reason, code, size = fail
-                        sized.append((at, reason, code, size, i, e))
+                    i, e, at, reason, code, *rest = fail
+                    if rest:
+                        size, n = rest if len(rest) == 2 else (rest[0], 0)
+                        sized.append((at, reason, code, n, size, i, e))
                     else:
-                        i, e, at, reason, code = fail
-                        unsized.append((at, reason, code, i, e))
+                        unsized.append((at, reason, code, 0, i, e))
                 cursor.executemany(FAIL_SIZED, sized)
                 cursor.executemany(FAIL, unsized)
                 cursor.executemany(REQUEUE, requeues)

@@ -17,7 +17,8 @@ class IndexChanges:
     def _clear(self) -> None:
         """Empty, ready for the next commit (a commit may happen mid-batch, see rebuild)."""
         self.inserts: list[MessageRecord] = []
-        self.claims: list[tuple[str, str, int]] = []
+        # (id, endpoint, claimed_at, deliveries): deliveries counts this hand-out
+        self.claims: list[tuple[str, str, int, int]] = []
         self.dones: list[tuple[str, str, int]] = []
         self.fails: list[tuple[str, str, int, str, str, int]] = []
         self.requeues: list[tuple[str, str]] = []

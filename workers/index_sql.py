@@ -40,6 +40,14 @@ MIGRATIONS = [
     -- delete_finished_before (compaction), metrics by state
     CREATE INDEX messages_state_finished ON messages (state, finished_at);
     """,
+    # v2: what a reply answers (the envelope's parentId) and how many times a copy was
+    # handed to a consumer (its file name's N=, docs/architecture.md). No file had a
+    # parentId before; a file in cur/ then had no N=, so it was handed out once.
+    """
+    ALTER TABLE messages ADD COLUMN parent_id TEXT;
+    ALTER TABLE messages ADD COLUMN deliveries INTEGER NOT NULL DEFAULT 0;
+    UPDATE messages SET deliveries = 1 WHERE state IN ('claimed', 'done');
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -56,6 +64,8 @@ COLUMNS = (
     "reason",
     "reason_code",
     "size",
+    "parent_id",
+    "deliveries",
 )
 SELECT_ROWS = f"SELECT {', '.join(COLUMNS)} FROM messages"
 
@@ -64,19 +74,27 @@ INSERT = (
     f"VALUES ({', '.join('?' * len(COLUMNS))})"
 )
 LOAD = INSERT.replace("INSERT OR REPLACE", "INSERT")  # into an emptied table
-CLAIM = "UPDATE messages SET state = 'claimed', claimed_at = ? WHERE id = ? AND endpoint = ?"
+CLAIM = (
+    "UPDATE messages SET state = 'claimed', claimed_at = ?, deliveries = ? "
+    "WHERE id = ? AND endpoint = ?"
+)
 DONE = "UPDATE messages SET state = 'done', finished_at = ? WHERE id = ? AND endpoint = ?"
 # A dead letter's file keeps no claim time (failed/<id>, docs/architecture.md), so its
-# row keeps none either: the rebuilt index must equal this one.
+# row keeps none either, and only the hand-outs its deadLetter records: the rebuilt
+# index must equal this one.
 FAIL = (
     "UPDATE messages SET state = 'failed', finished_at = ?, reason = ?, reason_code = ?, "
-    "claimed_at = NULL WHERE id = ? AND endpoint = ?"
+    "claimed_at = NULL, deliveries = ? WHERE id = ? AND endpoint = ?"
 )
 FAIL_SIZED = (
     "UPDATE messages SET state = 'failed', finished_at = ?, reason = ?, reason_code = ?, "
-    "claimed_at = NULL, size = ? WHERE id = ? AND endpoint = ?"
+    "claimed_at = NULL, deliveries = ?, size = ? WHERE id = ? AND endpoint = ?"
 )
-REQUEUE = "UPDATE messages SET state = 'new', claimed_at = NULL WHERE id = ? AND endpoint = ?"
+# Back in new/, a copy counts no hand-out (workers.filenames.deliveries_of).
+REQUEUE = (
+    "UPDATE messages SET state = 'new', claimed_at = NULL, deliveries = 0 "
+    "WHERE id = ? AND endpoint = ?"
+)
 DELETE = "DELETE FROM messages WHERE id = ? AND endpoint = ?"
 DELETE_ALL = "DELETE FROM messages"
 LIST_INDEXES = (

@@ -274,7 +274,7 @@ class Mailbox:
         if parsed.flags and "S" in parsed.flags:
             raise InvalidState(f"message {message_id} in {self.endpoint} is already done")
         flags = "".join(sorted(set(parsed.flags or "") | {"S"}))
-        done = format_name(message_id, parsed.claimed_at, now_ms, flags)
+        done = format_name(message_id, parsed.claimed_at, now_ms, flags, parsed.deliveries)
         try:
             os.rename(f"{self.cur_dir}/{name}", f"{self.cur_dir}/{done}")
             fault_point(COMPLETE_AFTER_RENAME)

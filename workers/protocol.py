@@ -13,13 +13,15 @@ Router → writer, ``[kind, msgpack header]`` or ``[kind, header, data]``:
              decided in one pass over its socket, for this shard, in one frame (one
              send, one wake-up and one ZeroMQ part, not one per copy). A header is
              ``[token, id, endpoint, subject, sender, created_at, target, reason, code,
-             failed_at, once]`` and its data the file bytes; target is ``new``, ``cur``
+             failed_at, once, parent_id]`` and its data the file bytes; target is ``new``, ``cur``
              (stored claimed: the router picked a waiting consumer with credit for it,
              and pushes it when ``stored`` comes back) or ``failed`` (a dead letter,
              with the reason, code and time in its file). ``once``: a copy relayed from
              another node, which JetStream may deliver again; the writer, the one
              place that orders every store of its shard, stores it only if the
              endpoint has no copy of this id, else answers ``already_stored``.
+             ``parent_id``: the envelope's parentId, for the index row (the writer
+             does not parse the file it stores).
 ``claim``    ``[sub, id, endpoint, deliveries]``: claim for subscription ``sub``: move
              new/ → cur/ (``deliveries`` 0), or, for a message returned after
              ``deliveries`` hand-outs, rename it in cur/ with its new count.
@@ -84,6 +86,7 @@ class DeliveryHeader(NamedTuple):
     code: str | None = None
     failed_at: int | None = None
     once: bool = False  # a relayed copy: not stored if the endpoint has this id already
+    parent_id: str | None = None  # the envelope's parentId (a reply), for the index row
 
 
 class ClaimOrder(NamedTuple):

@@ -32,3 +32,7 @@ class MessageRecord:
     reason: str | None = None  # dead-letter reason
     reason_code: str | None = None  # dead-letter code (hop_limit, no_match, nack, ...)
     size: int = 0  # file size in bytes
+    parent_id: str | None = None  # the envelope's parentId: the message this one answers
+    # Times the copy was handed to a consumer (workers.filenames.deliveries_of): 0 in
+    # new/, the name's N= (else 1) in cur/, the deadLetter's count in failed/.
+    deliveries: int = 0

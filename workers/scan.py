@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from sdk.errors import InvalidMessage
 from sdk.ids import id_time_ms
-from workers.filenames import FileName, parse_name
+from workers.filenames import FileName, deliveries_of, parse_name
 from workers.fsio import OPEN_DIR, OPEN_READ, read_fd
 from workers.records import MessageRecord, State
 
@@ -171,6 +171,9 @@ def _row_of(endpoint: str, subdir: str, name: str, dir_fd: int) -> tuple | None:
     subject = obj.get("subject")
     sender = obj.get("from")
     created_at = obj.get("createdAt")
+    parent_id = obj.get("parentId")
+    if parent_id is not None and (type(parent_id) is not str or not _ID_RE.fullmatch(parent_id)):
+        parent_id = None  # the index keeps ids only; the file says what it says
     if subdir == "failed":
         dead = obj.get("deadLetter")
         if (
@@ -194,6 +197,8 @@ def _row_of(endpoint: str, subdir: str, name: str, dir_fd: int) -> tuple | None:
             dead["reason"],
             dead["code"],
             len(data),
+            parent_id,
+            deliveries_of(subdir, parsed, dead),
         )
     if type(subject) is not str or type(sender) is not str or type(created_at) is not int:
         raise _Invalid("subject, from or createdAt is missing or of the wrong type")
@@ -216,4 +221,6 @@ def _row_of(endpoint: str, subdir: str, name: str, dir_fd: int) -> tuple | None:
         None,
         None,
         len(data),
+        parent_id,
+        deliveries_of(subdir, parsed),
     )

@@ -270,6 +270,8 @@ class Writer:
                     reason=h.reason,
                     reason_code=h.code,
                     size=len(data),
+                    parent_id=h.parent_id,
+                    deliveries=1 if claimed else 0,  # stored claimed: handed out once
                 )
             )
             results.append(proto.Stored(h.token, h.id, h.endpoint, outcome, None, None, h.target))
@@ -362,7 +364,7 @@ class Writer:
         except OSError as exc:
             error = ("storage_error", f"claim failed: {exc}")
             return proto.claimed(sub, message_id, endpoint, b"", error, deliveries)
-        changes.claims.append((message_id, endpoint, _claimed_at(name)))
+        changes.claims.append((message_id, endpoint, _claimed_at(name), deliveries))
         changes.claimed_names.append((endpoint, message_id, old))
         return proto.claimed(sub, message_id, endpoint, content, None, deliveries)
 

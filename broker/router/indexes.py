@@ -139,4 +139,6 @@ def record_wire(record: MessageRecord, endpoint_subject: str | None) -> dict[str
         "reason": record.reason,
         "code": record.reason_code,
         "size": record.size,
+        "parentId": record.parent_id,
+        "deliveries": record.deliveries,
     }

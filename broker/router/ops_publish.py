@@ -50,7 +50,9 @@ def publish(ctx: Context, session: Session, req: Publish, rid: int) -> Any:
             "mailboxPressure": {},
             "details": {"*": verdict.reason},
         }
-    request = PublishRequest(message_id, req.subject, sender, reply_to, budget, now, payload_json)
+    request = PublishRequest(
+        message_id, req.subject, sender, reply_to, budget, now, payload_json, req.parent_id
+    )
 
     def gate(target: EndpointInfo) -> tuple[Refusal | None, bool]:
         return target_gate(ctx, target, sender, now)
@@ -126,6 +128,7 @@ def queue_writes(
             code=dead.code if dead else None,
             failed_at=dead.failed_at if dead else None,
             once=relayed,
+            parent_id=request.parent_id,
         )
         job.copies[copy.endpoint] = copy
         job.shards.add(shard)
