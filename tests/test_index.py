@@ -529,6 +529,7 @@ def test_an_index_rebuilt_from_the_maildir_equals_the_one_the_writer_kept(
                 size = box.fail(message_id, "handler raised", "nack", NOW + 30_000 + k)
                 fails.append(
                     (message_id, endpoint, NOW + 30_000 + k, "handler raised", "nack", size)
+                    + (deliveries,)  # the dead letter records how often it was handed out
                 )
             elif k % 10 == 6:
                 box.requeue(message_id)

@@ -298,6 +298,7 @@ def test_fail_writes_a_dead_letter_and_removes_the_original(box: Mailbox, claime
             "code": "nack",
             "failedAt": NOW + 7,
             "endpoint": box.endpoint,
+            **({"deliveries": 1} if claimed else {}),  # it was handed out once
         },
     }
     assert size == path.stat().st_size

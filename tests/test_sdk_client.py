@@ -246,6 +246,9 @@ class _Recorder:
     def wake_for_answers(self) -> None:
         pass  # no I/O thread here: only the worker answers
 
+    def answered(self, message_id: str, endpoint: str) -> None:
+        pass
+
 
 def _worker_after_burst(subscribe_result: dict, burst: int) -> list[str]:
     """A worker whose queue already holds ``burst`` messages when it starts."""

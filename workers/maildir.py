@@ -84,7 +84,7 @@ from sdk.ids import check_id, is_id
 from workers import dead_letters, recovery
 from workers.dead_letters import FAIL_AFTER_FAILED_WRITTEN, FAIL_AFTER_TMP_WRITE, FAIL_AFTER_UNLINK
 from workers.faults import fault_point
-from workers.filenames import STATE_RANK, format_name, parse_name, state_of
+from workers.filenames import STATE_RANK, deliveries_of, format_name, parse_name, state_of
 from workers.fsio import DIR_MODE, fsync_dir, fsync_dirs, read_file, storage_error, store_file
 from workers.records import State
 from workers.recovery import FOREIGN_TMP_MAX_AGE_S, Recovery
@@ -337,6 +337,12 @@ class Mailbox:
             if best is None or rank > best[0]:
                 best = (rank, found)
         return best[1] if best else None
+
+    def deliveries(self, message_id: str) -> int:
+        """How many times the message was handed out, as its file name says (0 when it
+        waits in new/ or is nowhere to be claimed)."""
+        name = self._find_cur(check_id(message_id))
+        return 0 if name is None else deliveries_of("cur", parse_name(name))
 
     def remember_claim(self, message_id: str, name: str) -> None:
         """Note the name in cur/ of a copy stored claimed (workers/group_commit.py)."""

@@ -387,8 +387,10 @@ class Writer:
         if name == "fail":
             reason = args.get("reason") or "failed by consumer"
             code = args.get("code") or "nack"
-            size = self._mailbox(args["endpoint"]).fail(args["id"], reason, code, now)
-            changes.fails.append((args["id"], args["endpoint"], now, reason, code, size))
+            mailbox = self._mailbox(args["endpoint"])
+            handed = mailbox.deliveries(args["id"])  # the dead letter keeps the count
+            size = mailbox.fail(args["id"], reason, code, now)
+            changes.fails.append((args["id"], args["endpoint"], now, reason, code, size, handed))
             return {"state": "failed"}
         if name == "requeue":
             mailbox = self._mailbox(args["endpoint"])
