@@ -63,12 +63,10 @@ DEFAULT_CONFIG: dict[str, dict[str, Any]] = {
     # The consumer's half (docs/architecture.md, "The life of a claim"): a client silent
     # for sessionTimeoutMs is gone and what it held is handed out again; a message
     # handed out maxDeliveries times whose holder died once more is a dead letter
-    # (0: no limit); inboxAckWaitMs is the ack deadline of what the HTTP and MCP
-    # inboxes claim for clients they cannot see die.
+    # (0: no limit).
     "delivery": {
         "maxDeliveries": 5,
         "sessionTimeoutMs": 5_000,
-        "inboxAckWaitMs": 300_000,
     },
 }
 
@@ -156,7 +154,6 @@ CONFIG_SCHEMA: dict[str, dict[str, _Check]] = {
     "delivery": {
         "maxDeliveries": _int(0),
         "sessionTimeoutMs": _int(1000),
-        "inboxAckWaitMs": _int(1000),
     },
 }
 

@@ -42,6 +42,7 @@ from typing import Any
 from sdk.client import DEFAULT_TIMEOUT, Client, signal_fields
 from sdk.client import connect as _connect
 from sdk.errors import Timeout, Unavailable
+from sdk.message import Message
 from sdk.quiet import Full
 from sdk.types import AccessRule, Budget, EndpointInfo, Envelope, PublishResult, Signal
 
@@ -144,12 +145,21 @@ class AsyncClient:
         handler: Callable[[Envelope], Any],
         *,
         credit: int | None = None,
+        ack_wait: float | None = None,
     ) -> Unsubscribe:
         """Consume messages of every endpoint matching pattern; returns async unsubscribe."""
         sync = await asyncio.to_thread(
-            self.sync.subscribe, pattern, self._bridge(handler), credit=credit
+            self.sync.subscribe, pattern, self._bridge(handler), credit=credit, ack_wait=ack_wait
         )
         return _async_unsubscribe(sync)
+
+    async def fetch(
+        self, pattern: str, *, batch: int = 10, wait: float = 0.0, ack_wait: float | None = None
+    ) -> list[AsyncMessage]:
+        """`Client.fetch` as a coroutine; each message's answers are coroutines too."""
+        future = self.sync.fetch_async(pattern, batch=batch, wait=wait, ack_wait=ack_wait)
+        held = await self._wait(future, "fetch", self.sync.timeout + wait)
+        return [AsyncMessage(message, self) for message in held]
 
     async def observe(self, pattern: str, handler: Callable[[Envelope], Any]) -> Unsubscribe:
         """Watch every stored message matching pattern: no claim, no ack."""
@@ -236,6 +246,40 @@ class AsyncClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class AsyncMessage:
+    """A message `AsyncClient.fetch` handed out: `sdk.message.Message` with coroutine
+    answers, each confirmed by the router."""
+
+    def __init__(self, message: Message, client: AsyncClient) -> None:
+        self.message = message
+        self._client = client
+
+    @property
+    def envelope(self) -> Envelope:
+        return self.message.envelope
+
+    @property
+    def endpoint(self) -> str:
+        return self.message.endpoint
+
+    @property
+    def id(self) -> str:
+        return self.message.id
+
+    @property
+    def deliveries(self) -> int:
+        return self.message.deliveries
+
+    async def ack(self) -> None:
+        await self._client._wait(self.message.ack_async(), "ack", None)
+
+    async def nack(self, reason: str) -> None:
+        await self._client._wait(self.message.nack_async(reason), "nack", None)
+
+    async def in_progress(self) -> None:
+        await self._client._wait(self.message.in_progress_async(), "in_progress", None)
 
 
 class Connecting:

@@ -41,6 +41,8 @@ OPERATIONS = frozenset(
         "hello",
         "ping",
         "bye",
+        "fetch",
+        "in_progress",
         "publish",
         "ingest",
         "relay_take",

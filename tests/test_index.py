@@ -527,10 +527,9 @@ def test_an_index_rebuilt_from_the_maildir_equals_the_one_the_writer_kept(
                 dones.append((message_id, endpoint, NOW + 20_000 + k))
             elif k % 6 == 2:
                 size = box.fail(message_id, "handler raised", "nack", NOW + 30_000 + k)
-                fails.append(
-                    (message_id, endpoint, NOW + 30_000 + k, "handler raised", "nack", size)
-                    + (deliveries,)  # the dead letter records how often it was handed out
-                )
+                # The dead letter records how often it was handed out.
+                at = NOW + 30_000 + k
+                fails.append((message_id, endpoint, at, "handler raised", "nack", size, deliveries))
             elif k % 10 == 6:
                 box.requeue(message_id)
                 requeues.append((message_id, endpoint))

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from sdk.aio import AsyncClient, connect
-from sdk.errors import InvalidMessage, Timeout, Unavailable
+from sdk.errors import InvalidMessage, InvalidState, Timeout, Unavailable
 from sdk.types import Envelope, Signal, SignalType
 from tests.harness import park_io_thread, wait_for
 
@@ -337,5 +337,24 @@ def test_a_signal_without_reply_waits_for_room_off_the_event_loop(broker, monkey
             release.set()
             await asyncio.wait_for(waiting, 10)
             await ticker
+
+    asyncio.run(main())
+
+
+def test_fetch_and_its_confirmed_answers_as_coroutines(broker):
+    async def main() -> None:
+        async with connect(broker.home.root) as client:
+            await client.register_endpoint(A)
+            ids = [(await client.publish(A, n, sender=SENDER)).message_id for n in range(2)]
+            first, second = await client.fetch(A, batch=5)
+            assert [first.id, second.id] == ids and first.deliveries == 1
+            await first.ack()
+            assert await state_of(client, ids[0]) == "done"  # confirmed: no waiting
+            await second.in_progress()
+            await second.nack("not today")
+            assert await state_of(client, ids[1]) == "failed"
+            with pytest.raises(InvalidState):
+                await second.ack()
+            assert await client.fetch(A, wait=0.1) == []
 
     asyncio.run(main())
