@@ -51,6 +51,8 @@ CHILD = textwrap.dedent(
         ])
     elif op == "claim":
         boxes[0].claim(messages[0][0], 1)
+    elif op == "reclaim":
+        boxes[0].reclaim(messages[0][0], 4, 2)
     elif op == "complete":
         boxes[0].complete(messages[0][0], 2)
     elif op == "requeue":
@@ -90,6 +92,7 @@ CASES = [
     Case("deliver_batch", maildir.AFTER_DIR_SYNC, None, State.NEW, messages=12),
     # moves are single renames
     Case("claim", maildir.CLAIM_AFTER_RENAME, State.NEW, State.CLAIMED),
+    Case("reclaim", maildir.RECLAIM_AFTER_RENAME, State.CLAIMED, State.CLAIMED),
     Case("complete", maildir.COMPLETE_AFTER_RENAME, State.CLAIMED, State.DONE),
     Case("requeue", maildir.REQUEUE_AFTER_RENAME, State.CLAIMED, State.NEW),
     # fail: unchanged until failed/<id> exists, failed from then on
