@@ -36,7 +36,7 @@ from types import MappingProxyType
 from typing import Any
 
 from sdk.errors import InvalidConfig, RelayError
-from sdk.subjects import covers, matches, validate
+from sdk.subjects import covers, inbox_sender, matches, validate
 
 AUTH_FILE = "auth.json"
 Z85_KEY_LENGTH = 40  # a 32-byte CURVE key in Z85 text
@@ -68,11 +68,17 @@ class Identity:
 
     def may_consume(self, pattern: str) -> bool:
         """Whether every endpoint ``pattern`` (a subject or a pattern) can match is one
-        whose messages this identity may receive."""
+        whose messages this identity may receive: its ``consumes``, and the reply
+        inboxes of the senders it may send as."""
         receives = self.receives
         if ">" in receives:
             return True
-        return any(covers(allowed, pattern) for allowed in receives)
+        return self.owns_inbox(pattern) or any(covers(allowed, pattern) for allowed in receives)
+
+    def owns_inbox(self, subject: str) -> bool:
+        """Whether ``subject`` is the reply inbox of a sender this identity may send as."""
+        sender = inbox_sender(subject)
+        return sender is not None and self.may_send_as(sender)
 
     def may_relay(self, node: str, sender: str) -> bool:
         """Whether this bridge may hand in messages of ``sender`` coming from ``node``:

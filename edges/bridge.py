@@ -348,7 +348,7 @@ class Bridge:
             try:
                 # a future, not a thread: a thread waiting on a router that is gone would
                 # hold up the bridge's exit by the client's timeout
-                status = await _result(self.client.request("status"))
+                status = await _result(self.client.send_request("status"))
                 now: set[str] = set()
                 for endpoint in status["endpoints"]:
                     subject = endpoint["subject"]
@@ -403,7 +403,7 @@ class Bridge:
     async def _tell_router(self, node: str) -> None:
         subjects = sorted(set(self.remote.get(node, {}).values()))
         try:
-            await _result(self.client.request("remote_endpoints", node=node, subjects=subjects))
+            await _result(self.client.send_request("remote_endpoints", node=node, subjects=subjects))
         except RelayError as exc:
             log.warning("bridge %s: router refused endpoints of %s: %s", self.node, node, exc)
 
@@ -500,7 +500,7 @@ class Bridge:
                 room = await window.room()
                 try:
                     answer = await _result(
-                        self.client.request(
+                        self.client.send_request(
                             "relay_take", node=self.node, limit=room, cluster=self._seen()
                         )
                     )
@@ -533,7 +533,7 @@ class Bridge:
             confirmations = acked[:]
             acked.clear()
             try:
-                await _result(self.client.request("relayed", parts=confirmations))
+                await _result(self.client.send_request("relayed", parts=confirmations))
             except RelayError as exc:  # the publishes get `unavailable` at their deadline
                 log.warning("bridge %s: relayed failed: %s", self.node, exc)
             window.give(len(confirmations))

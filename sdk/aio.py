@@ -114,9 +114,24 @@ class AsyncClient:
         timeout: float | None = None,
     ) -> PublishResult:
         future = self.sync.publish_async(
-            subject, payload, sender=sender, reply_to=reply_to, budget=budget
+            subject, payload, sender=sender, reply_to=reply_to, budget=budget, timeout=timeout
         )
         return await self._wait(future, "publish", timeout)
+
+    async def request(
+        self,
+        subject: str,
+        payload: Any,
+        *,
+        sender: str,
+        timeout: float = 30.0,
+        budget: Budget | None = None,
+    ) -> Envelope:
+        """`Client.request` as a coroutine: the reply whose ``parent_id`` is the
+        request's id (a thread waits for it, not the event loop)."""
+        return await asyncio.to_thread(
+            self.sync.request, subject, payload, sender=sender, timeout=timeout, budget=budget
+        )
 
     async def reply(
         self, envelope: Envelope, payload: Any, *, sender: str, reply_to: str | None = None
@@ -134,7 +149,7 @@ class AsyncClient:
         timeout: float | None = None,
     ) -> PublishResult:
         """A message relayed from another node (docs/federation.md), stored once."""
-        future = self.sync.ingest_async(envelope, subjects, node=node)
+        future = self.sync.ingest_async(envelope, subjects, node=node, timeout=timeout)
         return await self._wait(future, "ingest", timeout)
 
     # ------------------------------------------------------------------ consuming

@@ -20,19 +20,29 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import zmq
 
 from sdk import subjects, wire
 from sdk.curve import CurveKeys, client_keys
-from sdk.errors import InvalidMessage, NotAuthorized, RelayError, Timeout, Unavailable
+from sdk.errors import (
+    InvalidMessage,
+    NotAuthorized,
+    RelayError,
+    Timeout,
+    Unavailable,
+    from_code,
+)
 from sdk.message import Message
 from sdk.paths import Home
 from sdk.plumbing import ClientPlumbing
 from sdk.quiet import Full, QuietSignals
+from sdk.replies import ReplyInbox
 from sdk.subscription import Handler, SubscriptionWorker
 from sdk.types import (
     AccessRule,
@@ -99,6 +109,8 @@ class Client(ClientPlumbing):
         self._held_lock = threading.Lock()
         self._session: str | None = None
         self._resuming = threading.Lock()
+        self._inboxes: dict[str, ReplyInbox] = {}  # sender -> this client's reply inbox
+        self._inboxes_lock = threading.Lock()
         self._io = threading.Thread(target=self._io_loop, name="relay-client-io", daemon=True)
         self._io_ready = threading.Event()
         self._io.start()
@@ -148,8 +160,10 @@ class Client(ClientPlumbing):
         reply_to: str | None = None,
         budget: Budget | None = None,
         parent_id: str | None = None,
+        timeout: float | None = None,
     ) -> Future:
-        """Publish without waiting; the future resolves to a PublishResult."""
+        """Publish without waiting; the future resolves to a PublishResult (or a
+        Timeout after ``timeout`` seconds, default the client's)."""
         if isinstance(payload, StandardPayload):
             payload = payload.to_wire()
         fields: dict[str, Any] = {"subject": subject, "from": sender, "payload": payload}
@@ -159,7 +173,7 @@ class Client(ClientPlumbing):
             fields["budget"] = budget.to_wire()
         if parent_id is not None:
             fields["parentId"] = parent_id
-        raw = self.request("publish", **fields)
+        raw = self.send_request("publish", timeout=timeout, **fields)
         return _publish_result(raw)
 
     def publish(
@@ -173,9 +187,62 @@ class Client(ClientPlumbing):
         timeout: float | None = None,
     ) -> PublishResult:
         future = self.publish_async(
-            subject, payload, sender=sender, reply_to=reply_to, budget=budget
+            subject, payload, sender=sender, reply_to=reply_to, budget=budget, timeout=timeout
         )
         return self._wait(future, "publish", timeout)
+
+    def request(
+        self,
+        subject: str,
+        payload: Any,
+        *,
+        sender: str,
+        timeout: float = 30.0,
+        budget: Budget | None = None,
+    ) -> Envelope:
+        """Publish a request and return its reply: the message whose ``parent_id`` is
+        the request's id (the replier calls `reply`). Replies come to this client's
+        reply inbox for ``sender`` (sdk/replies.py), made on first use. A request that
+        reaches no endpoint is refused at once with its rejection's code (``no_match``,
+        ``access_denied``, ...); no reply within ``timeout`` seconds: `Timeout`, and a
+        reply that comes later is a dead letter (``late_reply``). A request that
+        reaches several endpoints returns the first reply."""
+        deadline = time.monotonic() + timeout
+        inbox = self._reply_inbox(sender)
+        inbox.publishing()
+        try:
+            result = self.publish(
+                subject,
+                payload,
+                sender=sender,
+                reply_to=inbox.subject,
+                budget=budget,
+                timeout=timeout,
+            )
+        except BaseException:
+            inbox.published(None)
+            raise
+        reply = inbox.published(result.message_id if result.delivered_to else None)
+        if not result.delivered_to:
+            raise _refusal(subject, result)
+        try:
+            return reply.result(max(0.0, deadline - time.monotonic()))
+        except FutureTimeout:
+            inbox.give_up(result.message_id)
+            raise Timeout(
+                f"no reply to request {result.message_id} on {subject} within {timeout:g} s"
+            ) from None
+
+    def _reply_inbox(self, sender: str) -> ReplyInbox:
+        """This client's reply inbox for ``sender``: registered and consumed on first use."""
+        with self._inboxes_lock:
+            inbox = self._inboxes.get(sender)
+            if inbox is None:
+                inbox = ReplyInbox(subjects.reply_inbox(sender, os.urandom(6).hex()))
+                self.register_endpoint(inbox.subject)
+                self.subscribe(inbox.subject, inbox.arrived)
+                self._inboxes[sender] = inbox
+            return inbox
 
     def reply(
         self, envelope: Envelope, payload: Any, *, sender: str, reply_to: str | None = None
@@ -202,10 +269,21 @@ class Client(ClientPlumbing):
             parent_id=envelope.id,
         )
 
-    def ingest_async(self, envelope: Envelope, subjects: list[str], *, node: str) -> Future:
+    def ingest_async(
+        self,
+        envelope: Envelope,
+        subjects: list[str],
+        *,
+        node: str,
+        timeout: float | None = None,
+    ) -> Future:
         """`ingest` without waiting; the future resolves to a PublishResult."""
-        raw = self.request(
-            "ingest", node=node, subjects=list(subjects), envelope=envelope.to_wire()
+        raw = self.send_request(
+            "ingest",
+            timeout=timeout,
+            node=node,
+            subjects=list(subjects),
+            envelope=envelope.to_wire(),
         )
         return _publish_result(raw)
 
@@ -220,7 +298,8 @@ class Client(ClientPlumbing):
         """Hand in a message relayed from another node (a federation bridge's call,
         docs/federation.md): stored under ``envelope.id`` on the local endpoints named in
         ``subjects``, at most once each however often it is handed in."""
-        return self._wait(self.ingest_async(envelope, subjects, node=node), "ingest", timeout)
+        future = self.ingest_async(envelope, subjects, node=node, timeout=timeout)
+        return self._wait(future, "ingest", timeout)
 
     # ------------------------------------------------------------------ consuming
 
@@ -257,7 +336,7 @@ class Client(ClientPlumbing):
         if ack_wait is not None:
             fields["ackWait"] = _ms(ack_wait, "ack_wait")
         worker = SubscriptionWorker(self, handler, mode, fields)
-        future = self.request("subscribe", before_send=worker, **fields)
+        future = self.send_request("subscribe", before_send=worker, **fields)
         try:
             self._wait(future, "subscribe")
         except Timeout:
@@ -305,7 +384,7 @@ class Client(ClientPlumbing):
         }
         if ack_wait is not None:
             fields["ackWait"] = _ms(ack_wait, "ack_wait")
-        raw = self.request("fetch", timeout=self.timeout + wait, **fields)
+        raw = self.send_request("fetch", timeout=self.timeout + wait, **fields)
         fetched: Future = Future()
 
         def convert(done: Future) -> None:
@@ -496,6 +575,11 @@ class Client(ClientPlumbing):
             worker.stop(discard_queued=True)
             if self._io.is_alive():
                 worker.answer()  # what it handled is answered before "bye"
+        for inbox in self._inboxes.values() if self._io.is_alive() else ():
+            # Its endpoint goes (its mailbox and mail stay on disk), so that inboxes of
+            # clients long gone do not pile up in the endpoint list.
+            with contextlib.suppress(RelayError):
+                self._call("unregister", subject=inbox.subject, timeout=min(self.timeout, 5.0))
         if self._io.is_alive() and hasattr(self, "server"):
             with contextlib.suppress(RelayError):
                 self._call("bye", timeout=min(self.timeout, 5.0))
@@ -548,6 +632,15 @@ def connect(
         server_key = server_key or os.environ.get("RELAY_SERVER_KEY")
         curve = client_keys(key_file, server_key or where.server_public_key_file)
     return Client(address, timeout=timeout, curve=curve)
+
+
+def _refusal(subject: str, result: PublishResult) -> RelayError:
+    """The typed error of a request that reached no endpoint."""
+    if not result.rejected:
+        return from_code("no_match", f"no endpoint for {subject}")
+    key, reason = result.rejected[0]
+    detail = result.details.get(key) or f"{reason} for {subject}"
+    return from_code(reason, f"request to {subject} refused: {detail}")
 
 
 def _ms(seconds: float, name: str, *, minimum: int = 1) -> int:

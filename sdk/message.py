@@ -20,7 +20,7 @@ from sdk.types import Envelope
 class Answering(Protocol):
     """What a held message needs from its client: send an answer, and forget it."""
 
-    def request(self, op: str, **fields: Any) -> Future: ...
+    def send_request(self, op: str, **fields: Any) -> Future: ...
 
     def answered(self, message_id: str, endpoint: str) -> None: ...
 
@@ -67,7 +67,7 @@ class Message:
         return self._answer("in_progress", final=False)
 
     def _answer(self, op: str, *, final: bool = True, **fields: Any) -> Future:
-        future = self._client.request(
+        future = self._client.send_request(
             op, id=self.id, endpoint=self.endpoint, deliveries=self.deliveries, **fields
         )
         if final:

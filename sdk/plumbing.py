@@ -350,7 +350,7 @@ class ClientPlumbing:
             )
             try:
                 self._wait(
-                    self.request("subscribe", before_send=worker, **worker.fields), "subscribe"
+                    self.send_request("subscribe", before_send=worker, **worker.fields), "subscribe"
                 )
             except RelayError as exc:
                 log.error(
@@ -384,7 +384,7 @@ class ClientPlumbing:
 
     # ------------------------------------------------------------------ calling threads
 
-    def request(
+    def send_request(
         self,
         op: str,
         *,
@@ -409,7 +409,7 @@ class ClientPlumbing:
         return future
 
     def _call(self, op: str, *, timeout: float | None = None, **fields: Any) -> Any:
-        return self._wait(self.request(op, timeout=timeout, **fields), op, timeout)
+        return self._wait(self.send_request(op, timeout=timeout, **fields), op, timeout)
 
     def _wait(self, future: Future, op: str, timeout: float | None = None) -> Any:
         """The future's result within the deadline, or a typed Timeout."""

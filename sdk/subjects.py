@@ -135,6 +135,27 @@ def literal_prefix(pattern: str) -> str:
     return pattern
 
 
+INBOX = "_INBOX"  # the first token of every reply inbox
+
+
+def reply_inbox(sender: str, nonce: str) -> str:
+    """The reply inbox of one client requesting as ``sender``: ``_INBOX.<sender>.<nonce>``.
+    Only the sender's own identity may consume it, and only consumers that name an
+    inbox compete for its messages (a wildcard such as ``relay.>`` never takes a reply
+    meant for someone else's request)."""
+    return validate(f"{INBOX}.{sender}.{nonce}")
+
+
+def inbox_sender(subject: str) -> str | None:
+    """The sender whose reply inbox ``subject`` is, or None when it is not one."""
+    if not subject.startswith(INBOX + "."):
+        return None
+    parts = subject.split(".")
+    if len(parts) < 3 or has_wildcards(subject):
+        return None
+    return ".".join(parts[1:-1])
+
+
 def endpoint_hash(subject: str) -> str:
     """The endpoint's mailbox directory name: first 12 hex chars of sha256(subject)."""
     return hashlib.sha256(validate(subject).encode("utf-8")).hexdigest()[:12]

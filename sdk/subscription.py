@@ -24,6 +24,16 @@ log = logging.getLogger("relay.client")
 
 ACK_DELAY_S = 0.005  # a handled message's ack may wait this long to leave with others
 Handler = Callable[[Envelope], Any]
+Outcome = tuple[str, str] | None  # None: handled; else (reason, code) of its nack
+
+
+class Nack(Exception):
+    """Raised by a handler to refuse its message on purpose: it becomes a dead letter
+    with ``reason`` and ``code`` (default "nack"), and nothing is logged."""
+
+    def __init__(self, reason: str, *, code: str = "nack") -> None:
+        super().__init__(reason)
+        self.reason, self.code = reason, code
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +70,7 @@ class SubscriptionWorker:
         # Handled, not yet answered, and by when they leave: sent by this thread when a
         # quarter of the credit waits, else by the client's I/O thread at the deadline
         # (this thread may be busy in a slow handler), or by close().
-        self._unsent: list[tuple[Delivery, str | None]] = []
+        self._unsent: list[tuple[Delivery, Outcome]] = []
         self._deadline = 0.0
         self._unsent_lock = threading.Lock()
         self._answering = threading.Lock()  # held while answer() queues what it took
@@ -99,7 +109,7 @@ class SubscriptionWorker:
                 self.client.wake_for_answers()
         self.answer()
 
-    def take_due(self, now: float) -> tuple[list[tuple[Delivery, str | None]], float | None]:
+    def take_due(self, now: float) -> tuple[list[tuple[Delivery, Outcome]], float | None]:
         """(I/O thread) The answers whose deadline passed, taken to be sent; otherwise
         none, and the deadline of those waiting (None when none wait)."""
         with self._unsent_lock:  # the same lock as the add in _run: none is missed
@@ -121,23 +131,24 @@ class SubscriptionWorker:
                 op, fields = answer_of(delivery, error)
                 self.client.answered(delivery.id, delivery.endpoint)
                 try:
-                    self.client.request(op, **fields)
+                    self.client.send_request(op, **fields)
                 except RelayError:
                     log.warning("could not acknowledge %s: client closed", delivery.id)
 
-    def _handle(self, delivery: Delivery) -> str | None:
+    def _handle(self, delivery: Delivery) -> Outcome:
         try:
             envelope = Envelope.from_json(delivery.data)
         except RelayError as exc:
-            return f"unreadable message: {exc}"
+            return f"unreadable message: {exc}", "nack"
         if self.mode == "consume":
             envelope = dataclasses.replace(envelope, deliveries=delivery.deliveries)
         try:
             self.handler(envelope)
+        except Nack as refusal:  # on purpose: the nack says it all
+            return refusal.reason[:1000], refusal.code
         except Exception as exc:
-            # A handler's refusal is its own business: the nack carries it, no alarm.
-            log.info("handler failed on %s: %r", delivery.id, exc)
-            return f"handler error: {type(exc).__name__}: {exc}"[:1000]
+            log.warning("handler failed on %s: %r", delivery.id, exc)
+            return f"handler error: {type(exc).__name__}: {exc}"[:1000], "nack"
         return None
 
 
@@ -146,7 +157,7 @@ def answers_together(credit: int) -> int:
     return max(1, credit // 4)
 
 
-def answer_of(delivery: Delivery, error: str | None) -> tuple[str, dict[str, Any]]:
+def answer_of(delivery: Delivery, error: Outcome) -> tuple[str, dict[str, Any]]:
     """The ack of a message handled, or its nack with the handler's error."""
     fields: dict[str, Any] = {
         "sub": delivery.sub,
@@ -156,4 +167,8 @@ def answer_of(delivery: Delivery, error: str | None) -> tuple[str, dict[str, Any
     }
     if error is None:
         return "ack", fields
-    return "nack", {**fields, "reason": error}
+    reason, code = error
+    fields["reason"] = reason
+    if code != "nack":
+        fields["code"] = code
+    return "nack", fields

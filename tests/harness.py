@@ -65,7 +65,7 @@ def park_io_thread(client: Client) -> threading.Event:
             release.wait(30)
 
     def parks() -> bool:
-        client.request("ping").add_done_callback(park)  # runs here if the reply came first
+        client.send_request("ping").add_done_callback(park)  # runs here if the reply came first
         return parked.wait(1)
 
     wait_for(parks, what="the I/O thread to park")

@@ -28,13 +28,13 @@ class Router:
     def __init__(self) -> None:
         self.asked: asyncio.Queue[tuple[str, dict[str, Any], Future]] = asyncio.Queue()
 
-    def request(self, op: str, **fields: Any) -> Future:
+    def send_request(self, op: str, **fields: Any) -> Future:
         future: Future = Future()
         self.asked.put_nowait((op, fields, future))
         return future
 
     def ingest_async(self, envelope: Envelope, subjects: list[str], *, node: str) -> Future:
-        return self.request("ingest", id=envelope.id, node=node)
+        return self.send_request("ingest", id=envelope.id, node=node)
 
     async def next(self, op: str) -> tuple[dict[str, Any], Future]:
         asked, fields, future = await asyncio.wait_for(self.asked.get(), DEADLINE_S)

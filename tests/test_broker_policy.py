@@ -238,7 +238,7 @@ def test_a_signal_without_reply_never_overtakes_a_request_sent_before_it(broker)
     # All three wait in the I/O thread's queue; the middle one is a request.
     client.signal(A, Signal(SignalType.PROGRESS, "1", A, now_ms()), wait=False)
     waited = Signal(SignalType.PROGRESS, "2", A, now_ms()).to_wire()
-    request = client.request("signal", subject=A, signal=waited)
+    request = client.send_request("signal", subject=A, signal=waited)
     client.signal(A, Signal(SignalType.PROGRESS, "3", A, now_ms()), wait=False)
     release.set()
     request.result(10)
@@ -254,7 +254,7 @@ def test_signals_and_requests_of_one_thread_keep_their_order_while_other_threads
     def noise() -> None:  # other threads opening and closing segments all along
         while not stop.is_set():
             client.signal(A, Signal(SignalType.TYPING, "x", A, 0), wait=False)
-            client.request("ping")
+            client.send_request("ping")
 
     others = [threading.Thread(target=noise) for _ in range(2)]
     for thread in others:
@@ -264,7 +264,7 @@ def test_signals_and_requests_of_one_thread_keep_their_order_while_other_threads
         for n in range(300):  # quiet, request, quiet, request ...: both directions
             client.signal(A, Signal(SignalType.PROGRESS, f"q{n}", A, 0), wait=False)
             waited = Signal(SignalType.PROGRESS, f"r{n}", A, 0).to_wire()
-            requests.append(client.request("signal", subject=A, signal=waited))
+            requests.append(client.send_request("signal", subject=A, signal=waited))
     finally:
         stop.set()
         for thread in others:

@@ -240,7 +240,7 @@ class _Recorder:
         self.events: list[str] = []
         self._answers_waiting: set = set()
 
-    def request(self, op: str, **fields) -> None:
+    def send_request(self, op: str, **fields) -> None:
         self.events.append(f"{op} {fields['id']}")
 
     def wake_for_answers(self) -> None:

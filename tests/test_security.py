@@ -177,7 +177,7 @@ def test_every_operator_operation_is_refused_to_a_non_admin_key(tcp_broker):
     client = tcp_broker.client(key_file=tcp_broker.home.keys / "projA.key_secret")
     for op, fields in ADMIN_REQUESTS.items():
         with pytest.raises(NotAuthorized, match=op):
-            client.request(op, **fields).result(10)
+            client.send_request(op, **fields).result(10)
     assert client.get_config()["rateLimit"]["maxPerWindow"] != 1  # reading is fine
 
 

@@ -32,9 +32,11 @@ from typing import NamedTuple
 
 from broker.auth import AuthPolicy, Identity
 from broker.sublist import Sublist
+from sdk.subjects import INBOX
 
 SESSION_TIMEOUT_MS = 5_000  # the default of config delivery.sessionTimeoutMs
 CONSUME, OBSERVE, FETCH = "consume", "observe", "fetch"
+INBOX_DOT = INBOX + "."
 
 Key = tuple[str, str]  # (message id, endpoint hash)
 
@@ -272,9 +274,14 @@ class Consumers:
         return [self.subs[i] for i in self._observers.match(subject)]
 
     def pick_consumer(self, subject: str) -> Subscription | None:
-        """The competing consumer with credit and the fewest messages in hand."""
+        """The competing consumer with credit and the fewest messages in hand. A reply
+        inbox's messages go only to consumers that name an inbox, never to a wildcard
+        that happens to match it (sdk/subjects.py, `reply_inbox`)."""
         candidates = [self.subs[i] for i in self._consumers.match(subject)]
-        candidates = [s for s in candidates if s.has_credit]
+        inbox = subject.startswith(INBOX_DOT)
+        candidates = [
+            s for s in candidates if s.has_credit and (not inbox or s.pattern.startswith(INBOX_DOT))
+        ]
         if not candidates:
             return None
         self._turn += 1

@@ -37,10 +37,12 @@ def add_endpoint(ctx: Context, info: EndpointInfo) -> None:
 
 def register(ctx: Context, session: Session, req: Register, rid: int) -> Any:
     who = session.who
-    if who is None or not (who.admin or who.may_send_as(req.subject)):
+    if who is None or not (
+        who.admin or who.may_send_as(req.subject) or who.owns_inbox(req.subject)
+    ):
         raise NotAuthorized(
             f"{who.name if who else session.user} may register endpoints only under "
-            "its own sender patterns"
+            "its own sender patterns (and their reply inboxes)"
         )
     info = ctx.control.register_endpoint(req.subject, now_ms(), shared=req.shared)
     if req.subject in ctx.directory:

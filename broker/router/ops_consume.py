@@ -144,7 +144,8 @@ def ack(ctx: Context, session: Session, req: Finish, rid: int) -> Any:
 
 def nack(ctx: Context, session: Session, req: Finish, rid: int) -> Any:
     reason = req.reason or "rejected by consumer"
-    return _finish(ctx, session, req, "fail", operator=False, reason=reason, code="nack")
+    code = req.code or "nack"
+    return _finish(ctx, session, req, "fail", operator=False, reason=reason, code=code)
 
 
 def complete(ctx: Context, session: Session, req: Finish, rid: int) -> Any:

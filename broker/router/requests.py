@@ -9,6 +9,7 @@ registered endpoints, limits from the configuration) is the operation's business
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -214,6 +215,7 @@ class Finish:
     endpoint: str  # the mailbox hash
     reason: str | None  # nack, fail: why (at most 1000 characters kept)
     deliveries: int | None = None  # the hand-out answered; None: whichever is held
+    code: str | None = None  # nack: the dead letter's code (default "nack")
 
     @classmethod
     def decode(cls, body: Body) -> Finish:
@@ -223,7 +225,13 @@ class Finish:
         if reason is not None and not isinstance(reason, str):
             raise InvalidMessage("request field 'reason' must be a string")
         deliveries = None if body.get("deliveries") is None else _int(body, "deliveries", minimum=1)
-        return cls(message_id, endpoint, reason and reason[:1000], deliveries)
+        code = _optional_text(body, "code")
+        if code is not None and not _CODE_RE.fullmatch(code):
+            raise InvalidMessage(f"request field 'code' must match {_CODE_RE.pattern}")
+        return cls(message_id, endpoint, reason and reason[:1000], deliveries, code)
+
+
+_CODE_RE = re.compile(r"[a-z][a-z0-9_]{0,39}")
 
 
 @dataclass(frozen=True, slots=True)
