@@ -403,7 +403,9 @@ class Bridge:
     async def _tell_router(self, node: str) -> None:
         subjects = sorted(set(self.remote.get(node, {}).values()))
         try:
-            await _result(self.client.send_request("remote_endpoints", node=node, subjects=subjects))
+            await _result(
+                self.client.send_request("remote_endpoints", node=node, subjects=subjects)
+            )
         except RelayError as exc:
             log.warning("bridge %s: router refused endpoints of %s: %s", self.node, node, exc)
 
