@@ -156,3 +156,18 @@ def test_claims_whose_holder_does_not_come_back_after_a_restart_are_handed_out(b
     other = broker.client()
     got = wait_for(lambda: other.fetch(BOX, batch=5, wait=1), what="the orphaned claims")
     assert [(m.id, m.deliveries) for m in got] == [(i, 2) for i in ids]
+
+
+def test_status_shows_claimed_messages_beside_waiting_ones(broker):
+    client = broker.client()
+    client.register_endpoint(BOX)
+    for n in range(3):
+        client.publish(BOX, n, sender=SENDER)
+    held = client.fetch(BOX, batch=2)
+    (endpoint,) = [e for e in client.status()["endpoints"] if e["subject"] == BOX]
+    assert (endpoint["depth"], endpoint["claimed"]) == (1, 2)
+    assert endpoint["oldestClaimedAt"] >= min(m.envelope.created_at for m in held)
+    for message in held:
+        message.ack()
+    (endpoint,) = [e for e in client.status()["endpoints"] if e["subject"] == BOX]
+    assert (endpoint["claimed"], endpoint["oldestClaimedAt"]) == (0, None)

@@ -304,6 +304,20 @@ class Consumers:
             held = Held(sub.id, sender, deliveries, now_ms, sub.ack_wait)
             session.unacked[(message_id, endpoint)] = held
 
+    def claimed_per_endpoint(self) -> dict[str, tuple[int, int]]:
+        """Per endpoint, how many messages are held (by live clients, or orphans after a
+        restart) and since when the oldest of them (ms): for status, not a hot path."""
+        counts: dict[str, tuple[int, int]] = {}
+        held = [(e, h.since) for s in self.sessions.values() for (_, e), h in s.unacked.items()]
+        held += [
+            (e, deadline - self.session_timeout_ms)
+            for (_, e), (_, deadline) in self.orphans.items()
+        ]
+        for endpoint, since in held:
+            count, oldest = counts.get(endpoint, (0, since))
+            counts[endpoint] = (count + 1, min(oldest, since))
+        return counts
+
     def holder_of(self, message_id: str, endpoint: str) -> bytes | None:
         """The client a message was handed to and is not finished by (an operator's
         complete/fail/requeue settles it on that client's behalf)."""

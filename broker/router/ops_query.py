@@ -18,14 +18,24 @@ from workers.records import MessageRecord, State
 
 
 def endpoints(ctx: Context, session: Session, req: Empty, rid: int) -> Any:
-    return {"endpoints": [_endpoint_status(ctx, info) for info in ctx.directory.sorted()]}
+    return {"endpoints": _endpoints_status(ctx)}
 
 
-def _endpoint_status(ctx: Context, info: EndpointInfo) -> dict[str, Any]:
+def _endpoints_status(ctx: Context) -> list[dict[str, Any]]:
+    claimed = ctx.consumers.claimed_per_endpoint()
+    return [_endpoint_status(ctx, info, claimed) for info in ctx.directory.sorted()]
+
+
+def _endpoint_status(
+    ctx: Context, info: EndpointInfo, claimed: dict[str, tuple[int, int]]
+) -> dict[str, Any]:
     load = ctx.reliability.pressure_of(ctx.ledger.depth(info.hash))
+    held, oldest = claimed.get(info.hash, (0, None))
     return {
         **ctx.endpoint_wire(info),
-        "depth": load.depth,
+        "depth": load.depth,  # waiting to be handed out
+        "claimed": held,  # handed out, not answered yet
+        "oldestClaimedAt": oldest,  # ms, or None
         "pressure": load.ratio,
         "breaker": ctx.reliability.describe(info.hash, now_ms()),
     }
@@ -52,7 +62,7 @@ def status(ctx: Context, session: Session, req: Empty, rid: int) -> Any:
         "clients": len(ctx.consumers.sessions),
         "subscriptions": len(ctx.consumers.subs),
         "pendingRequests": len(ctx.jobs.pending),
-        "endpoints": [_endpoint_status(ctx, info) for info in ctx.directory.sorted()],
+        "endpoints": _endpoints_status(ctx),
         "unroutable": ctx.indexes.count(State.FAILED, UNROUTABLE),
         "fileErrors": dict(ctx.settings.file_errors),
         "federation": ctx.federation.status(now_ms()),
