@@ -94,6 +94,7 @@ def test_a_message_reaches_a_consumer_on_another_node_and_its_reply_comes_back(t
         assert dict(result.remote) == {"b": (B_AGENT,)}
         wait_for(lambda: answers, what="the reply from b")
         assert answers[0].payload == {"content": "pong"} and answers[0].sender == B_AGENT
+        assert answers[0].parent_id == result.message_id  # kept across the bridge
         # the budget shrank once per delivery, whichever host delivered it
         assert answers[0].budget.hop_count == 2
         assert answers[0].budget.ancestor_chain == (B_AGENT, A_AGENT)

@@ -415,66 +415,39 @@ def test_an_index_rebuilt_from_the_maildir_equals_the_one_the_writer_kept(
             created = NOW + batch * 100 + n
             sender = f"relay.sender{n % 3}"
             if n % 12 == 11:  # routed nowhere: a dead letter built by the router
-                failed_at = created + 1
-                data = envelope(
-                    message_id,
-                    "relay.nobody",
-                    sender,
-                    created,
-                    deadLetter={
-                        "reason": "no endpoint matched",
-                        "code": "no_match",
-                        "failedAt": failed_at,
-                        "endpoint": "_unroutable",
-                    },
+                dead = ("_unroutable", "relay.nobody", "no endpoint matched", "no_match", 0)
+            elif n % 12 == 7:  # a consumer's dead letter, written whole (handed out twice)
+                dead = (
+                    endpoints[0],
+                    f"relay.agent.{endpoints[0]}",
+                    "died twice",
+                    "max_deliveries",
+                    2,
                 )
-                items.append((boxes["_unroutable"], message_id, data, "failed"))
-                inserts.append(
-                    MessageRecord(
-                        message_id,
-                        "_unroutable",
-                        "relay.nobody",
-                        sender,
-                        State.FAILED,
-                        created,
-                        0,
-                        finished_at=failed_at,
-                        reason="no endpoint matched",
-                        reason_code="no_match",
-                        size=len(data),
-                    )
+            else:
+                dead = None
+            if dead is not None:
+                endpoint, subject, reason, code, deliveries = dead
+                letter = {"reason": reason, "code": code, "failedAt": created + 1}
+                letter |= {"endpoint": endpoint} | (
+                    {"deliveries": deliveries} if deliveries else {}
                 )
-                continue
-            if n % 12 == 7:  # a consumer's dead letter, written whole (handed out twice)
-                endpoint, failed_at = endpoints[0], created + 2
-                data = envelope(
-                    message_id,
-                    f"relay.agent.{endpoint}",
-                    sender,
-                    created,
-                    deadLetter={
-                        "reason": "consumer died twice",
-                        "code": "max_deliveries",
-                        "failedAt": failed_at,
-                        "endpoint": endpoint,
-                        "deliveries": 2,
-                    },
-                )
+                data = envelope(message_id, subject, sender, created, deadLetter=letter)
                 items.append((boxes[endpoint], message_id, data, "failed"))
                 inserts.append(
                     MessageRecord(
                         message_id,
                         endpoint,
-                        f"relay.agent.{endpoint}",
+                        subject,
                         sender,
                         State.FAILED,
                         created,
                         0,
-                        finished_at=failed_at,
-                        reason="consumer died twice",
-                        reason_code="max_deliveries",
+                        finished_at=created + 1,
+                        reason=reason,
+                        reason_code=code,
                         size=len(data),
-                        deliveries=2,
+                        deliveries=deliveries,
                     )
                 )
                 continue

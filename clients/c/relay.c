@@ -146,6 +146,80 @@ static int copy_str(const msgpack_object *o, char *buf, size_t size) {
     return 1;
 }
 
+/* ---------------------------------------------------------------- envelope fields
+   Enough JSON to find a top-level string of an envelope: a value is skipped by its
+   shape (strings with their escapes, brackets counted outside strings), never parsed. */
+
+static const char *json_ws(const char *p) {
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+    return p;
+}
+
+/* Past the string whose opening quote is at p; NULL when it does not end. */
+static const char *json_skip_string(const char *p) {
+    for (p++; *p; p++) {
+        if (*p == '\\') {
+            if (!*++p) return NULL;
+        } else if (*p == '"') {
+            return p + 1;
+        }
+    }
+    return NULL;
+}
+
+/* Past the value at p (whitespace before it skipped); NULL when it is malformed. */
+static const char *json_skip_value(const char *p) {
+    p = json_ws(p);
+    if (*p == '"') return json_skip_string(p);
+    if (*p == '{' || *p == '[') {
+        int depth = 0;
+        while (*p) {
+            if (*p == '"') {
+                p = json_skip_string(p);
+                if (!p) return NULL;
+                continue;
+            }
+            if (*p == '{' || *p == '[') depth++;
+            else if ((*p == '}' || *p == ']') && --depth == 0) return p + 1;
+            p++;
+        }
+        return NULL;
+    }
+    const char *start = p; /* a number, true, false or null */
+    while (*p && strchr(",}] \t\n\r", *p) == NULL) p++;
+    return p == start ? NULL : p;
+}
+
+int relay_json_get_string(const char *json, const char *key, char *out, size_t size) {
+    if (size == 0) return 0;
+    out[0] = '\0';
+    const char *p = json_ws(json);
+    if (*p != '{') return 0;
+    p = json_ws(p + 1);
+    size_t key_size = strlen(key);
+    while (*p == '"') {
+        const char *name = p + 1, *end = json_skip_string(p);
+        if (!end) return 0;
+        int match = (size_t)(end - 1 - name) == key_size && memcmp(name, key, key_size) == 0;
+        p = json_ws(end);
+        if (*p != ':') return 0;
+        p = json_ws(p + 1);
+        if (match) {
+            if (*p != '"' || !(end = json_skip_string(p))) return 0;
+            size_t n = (size_t)(end - 1 - (p + 1));
+            if (n + 1 > size || memchr(p + 1, '\\', n)) return 0;
+            memcpy(out, p + 1, n);
+            out[n] = '\0';
+            return 1;
+        }
+        if (!(p = json_skip_value(p))) return 0;
+        p = json_ws(p);
+        if (*p != ',') return 0;
+        p = json_ws(p + 1);
+    }
+    return 0;
+}
+
 static int get_uint(const msgpack_object *o, uint64_t *out) {
     if (!o || o->type != MSGPACK_OBJECT_POSITIVE_INTEGER) return 0;
     *out = o->via.u64;
@@ -314,6 +388,8 @@ static int read_incoming(relay_client *c, int timeout_ms, relay_reply *reply, in
         }
         q->message.data = frames[2].data; /* NUL-terminated by recv_frames */
         q->message.size = frames[2].size;
+        relay_json_get_string(q->message.data, "parentId", q->message.parent_id,
+                              sizeof q->message.parent_id);
         if (c->tail) c->tail->next = q;
         else c->head = q;
         c->tail = q;

@@ -94,6 +94,7 @@ typedef struct {
     char endpoint[80];
     char *data;
     size_t size;
+    char parent_id[40]; /* a reply's parentId: the id of the message it answers; "" if none */
 } relay_message;
 
 void relay_message_destroy(relay_message *message);
@@ -165,6 +166,13 @@ int relay_recv_reply(relay_client *client, int timeout_ms, relay_reply *reply, r
 
 /* The value of `key` in a msgpack map, or NULL. */
 const msgpack_object *relay_map_get(const msgpack_object *map, const char *key);
+
+/* The string value of a top-level `key` of a JSON object (an envelope: "parentId",
+   "replyTo", "from", ...), copied into out: 1, or 0 with out "" when the key is absent,
+   its value is not a string, holds a backslash escape (undecoded here: ids and subjects
+   never have one) or does not fit in size bytes with its NUL. Nested objects (the
+   payload) are skipped, not searched. */
+int relay_json_get_string(const char *json, const char *key, char *out, size_t size);
 
 #ifdef __cplusplus
 }

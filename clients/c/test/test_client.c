@@ -48,6 +48,31 @@ static void test_codes(void) {
           "router address: %s", address);
 }
 
+static void test_json_get_string(void) {
+    char out[40];
+    const char *reply =
+        "{\"id\": \"01JDQ3ZV9R6Q4W1T3M5N7P8K2F\", \"payload\": {\"parentId\": \"nested\", "
+        "\"a\": [1, \"]}\\\"\", {\"b\": null}]}, \"n\": -1.5e3, \"t\": true,\n "
+        "\"parentId\" : \"01JDQ3ZV9R6Q4W1T3M5N7P8K2A\"}";
+    CHECK(relay_json_get_string(reply, "parentId", out, sizeof out) == 1 &&
+              strcmp(out, "01JDQ3ZV9R6Q4W1T3M5N7P8K2A") == 0,
+          "the top-level parentId, not the payload's: %s", out);
+    CHECK(relay_json_get_string(reply, "id", out, sizeof out) == 1 &&
+              strcmp(out, "01JDQ3ZV9R6Q4W1T3M5N7P8K2F") == 0,
+          "id: %s", out);
+    CHECK(relay_json_get_string(reply, "n", out, sizeof out) == 0 && out[0] == '\0',
+          "a number is not a string");
+    CHECK(relay_json_get_string("{\"id\": \"x\"}", "parentId", out, sizeof out) == 0 &&
+              out[0] == '\0',
+          "absent");
+    CHECK(relay_json_get_string("{\"parentId\": \"0123456789\"}", "parentId", out, 8) == 0,
+          "too long for the buffer");
+    CHECK(relay_json_get_string("{\"parentId\": \"unterminated", "parentId", out, sizeof out) == 0,
+          "malformed");
+    CHECK(relay_json_get_string("[\"parentId\", \"x\"]", "parentId", out, sizeof out) == 0,
+          "not an object");
+}
+
 static void test_no_broker(void) {
     char address[128];
     snprintf(address, sizeof address, "ipc:///tmp/relay-c-nobody-%d/run/router.sock", (int)getpid());
@@ -104,6 +129,30 @@ static void test_broker(const char *address) {
     CHECK(relay_next(client, 5000, &m2, &err) == 1 && strcmp(m2.id, second.message_id) == 0,
           "second message");
     CHECK(relay_nack(client, &m2, "no thanks", &err) == 0, "nack: %s", err.message);
+    CHECK(m1.parent_id[0] == '\0', "a message that answers nothing has no parent_id");
+
+    /* a reply names the message it answers: parentId, in relay_message.parent_id */
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    const char *kv[] = {"subject", subject, "from", "relay.c.sender", "payload", "re: one",
+                        "parentId", first.message_id};
+    for (size_t i = 0; i < 8; i++) {
+        msgpack_pack_str(&pk, strlen(kv[i]));
+        msgpack_pack_str_body(&pk, kv[i], strlen(kv[i]));
+    }
+    relay_reply published;
+    CHECK(relay_request(client, "publish", sb.data, sb.size, 4, &published, &err) == 0,
+          "publish a reply: %s", err.message);
+    relay_reply_destroy(&published);
+    msgpack_sbuffer_destroy(&sb);
+    CHECK(relay_next(client, 5000, &m3, &err) == 1 &&
+              strcmp(m3.parent_id, first.message_id) == 0,
+          "the reply's parent_id: %s", m3.parent_id);
+    CHECK(relay_ack(client, &m3, &err) == 0, "ack the reply");
+    relay_message_destroy(&m3);
+
     CHECK(relay_next(client, 200, &m3, &err) == 0, "nothing more");
     relay_message_destroy(&m1);
     relay_message_destroy(&m2);
@@ -140,6 +189,7 @@ static void test_broker(const char *address) {
 
 int main(int argc, char **argv) {
     test_codes();
+    test_json_get_string();
     test_no_broker();
     if (argc > 1) test_broker(argv[1]);
     printf("%d passed, %d failed\n", passed, failed);

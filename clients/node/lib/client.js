@@ -671,6 +671,11 @@ class Message {
     return this.envelope && this.envelope.createdAt;
   }
 
+  /** A reply's parentId: the id of the message it answers; null on any other message. */
+  get parentId() {
+    return this.envelope ? this.envelope.parentId ?? null : null;
+  }
+
   /** Mark the message done (sends a delivery_receipt signal to its sender). */
   ack() {
     return this._settle("ack", {});

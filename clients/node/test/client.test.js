@@ -183,6 +183,9 @@ test("reply(): answers on replyTo with the budget carried forward", () =>
     assert.equal(answer.payload, "answer!");
     assert.equal(answer.replyTo, `${ns}.backend`);
     assert.equal(answer.budget.hopCount, 2);
+    assert.equal(answer.parentId, question.id);
+    assert.equal(answer.envelope.parentId, question.id);
+    assert.equal(question.parentId, null);
     await answer.ack();
     await backend.unsubscribe();
     await frontend.unsubscribe();
