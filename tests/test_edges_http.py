@@ -148,6 +148,27 @@ def test_ack_of_a_message_not_held_is_message_not_found(gw: RunningGateway) -> N
     assert response.json()["error"]["code"] == "message_not_found"
 
 
+def test_registering_answers_201_when_made_and_200_when_it_was_there(gw: RunningGateway) -> None:
+    made = gw.http.post("/api/endpoints", json={"subject": DEMO})
+    again = gw.http.post("/api/endpoints", json={"subject": DEMO})
+    assert (made.status_code, again.status_code) == (201, 200), again.text
+    assert made.json() == again.json()
+    assert "created" not in made.json()  # the status code says it
+
+
+def test_trace_of_an_unknown_id_is_404_message_not_found(gw: RunningGateway) -> None:
+    response = gw.http.get(f"/api/trace/{new_id()}")
+    assert response.status_code == 404, response.text
+    assert response.json()["error"]["code"] == "message_not_found"
+
+
+def test_ack_and_nack_of_an_unknown_id_are_404_message_not_found(gw: RunningGateway) -> None:
+    for answer in ("ack", "nack"):
+        response = gw.http.post(f"/api/messages/{new_id()}/{answer}", json={})
+        assert response.status_code == 404, response.text
+        assert response.json()["error"]["code"] == "message_not_found"
+
+
 def test_inbox_of_an_unregistered_endpoint_is_endpoint_not_found(gw: RunningGateway) -> None:
     response = gw.http.get("/api/endpoints/relay.agent.nobody/inbox")
     assert response.status_code == 404

@@ -144,11 +144,16 @@ async def list_endpoints(request: Request) -> Response:
 async def register_endpoint(request: Request) -> Response:
     session = await session_of(request)
     body = await json_body(request)
-    subject = field(body, "subject", str)
-    info = await session.client.register_endpoint(
-        subject, shared=field(body, "shared", bool, required=False)
-    )
-    return JSONResponse(info.to_wire(), status_code=201)
+    fields: dict[str, Any] = {"subject": validate(field(body, "subject", str))}
+    shared = field(body, "shared", bool, required=False)
+    if shared is not None:
+        fields["shared"] = shared
+    # The protocol's request, not the SDK's register_endpoint: its EndpointInfo drops
+    # `created`, which says 201 (made now) from 200 (it was there). The client's own
+    # deadline ends the future.
+    info = await asyncio.wrap_future(session.client.sync.request("register", **fields))
+    created = bool(info.pop("created", True))
+    return JSONResponse(info, status_code=201 if created else 200)
 
 
 async def unregister_endpoint(request: Request) -> Response:
@@ -266,7 +271,10 @@ async def republish_dead_letter(request: Request) -> Response:
 
 async def trace(request: Request) -> Response:
     session = await session_of(request)
-    return JSONResponse(await session.client.trace(check_id(request.path_params["id"], "id")))
+    found = await session.client.trace(check_id(request.path_params["id"], "id"))
+    if not found["copies"]:  # none stored, or none this identity may see
+        raise MessageNotFound(f"no copy of message {found['id']} that you may see")
+    return JSONResponse(found)
 
 
 async def list_rules(request: Request) -> Response:
