@@ -5,11 +5,17 @@ Each test gets its own broker (data directory, sockets) and gateway (free port).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -27,11 +33,16 @@ from edges.http.credentials import (
 from edges.http.errors import STATUS_BY_CODE, HttpError
 from edges.http.gateway import Gateway, Peer
 from edges.http.guard import allowed_hosts, refusal
+from edges.http.listener import retry_delay
 from edges.http.openapi import document
 from edges.http.sse import CUT, ObserverHub, message_event
 from edges.http.streams import Stream
-from sdk.errors import ERROR_CLASSES, InvalidConfig
+from sdk import edge_state
+from sdk.client import connect
+from sdk.edge_state import EdgeState
+from sdk.errors import ERROR_CLASSES, InvalidConfig, RelayError
 from sdk.ids import new_id
+from sdk.paths import Home
 from sdk.types import Envelope, Signal, SignalType, default_budget
 from tests.edges_harness import EventReader, RunningGateway
 from tests.harness import ROOT, Broker, free_port, wait_for
@@ -589,3 +600,121 @@ def test_relay_http_command_serves_the_api_and_the_console(broker: Broker) -> No
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def taken_port() -> socket.socket:
+    """A socket listening on a free loopback port, as another program would hold it."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    return holder
+
+
+def edges_of(broker: Broker) -> list[dict]:
+    return broker.client().status()["edges"]
+
+
+def test_the_gateway_stays_up_while_its_address_is_taken_and_binds_once_free(
+    broker: Broker,
+) -> None:
+    holder = taken_port()
+    port = holder.getsockname()[1]
+    broker.start_process("http", "http", "--listen", f"127.0.0.1:{port}")
+    wait_for(lambda: "cannot bind" in broker.log("http"), 20, what="the cannot-bind line")
+    (line,) = [x for x in broker.log("http").splitlines() if "cannot bind" in x]
+    assert f"127.0.0.1:{port}" in line and "retrying" in line
+
+    (edge,) = wait_for(lambda: edges_of(broker), what="the gateway in status")
+    assert (edge["kind"], edge["state"], edge["address"]) == (
+        "http",
+        "retrying",
+        f"127.0.0.1:{port}",
+    )
+    assert edge["pid"] == broker.procs["http"].pid and "in use" in edge["error"]
+    shown = broker.relay("status")
+    assert f"http pid {edge['pid']}: CANNOT BIND 127.0.0.1:{port}" in shown.stdout, shown
+
+    holder.close()
+
+    def serving() -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/api/status").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(serving, 20, interval=0.1, what="the gateway to bind once the port is free")
+    assert [e["state"] for e in edges_of(broker)] == ["listening"]
+    assert broker.procs["http"].poll() is None
+    broker.procs["http"].terminate()
+    assert broker.procs["http"].wait(10) == 0
+    assert edges_of(broker) == []  # its state file went with it
+
+
+def test_a_gateway_stopped_while_retrying_exits_cleanly(broker: Broker) -> None:
+    with contextlib.closing(taken_port()) as holder:
+        port = holder.getsockname()[1]
+        broker.start_process("http", "http", "--listen", f"127.0.0.1:{port}")
+        wait_for(lambda: edges_of(broker), 20, what="the gateway in status")
+        broker.procs["http"].terminate()
+        assert broker.procs["http"].wait(10) == 0
+    assert edges_of(broker) == []
+
+
+def test_retry_delays_double_up_to_thirty_seconds() -> None:
+    assert [retry_delay(n) for n in range(1, 9)] == [1, 2, 4, 8, 16, 30, 30, 30]
+
+
+def test_edge_states_of_processes_that_no_longer_run_are_ignored(tmp_path: Path) -> None:
+    home = Home(tmp_path).create()
+    for pid in (11, 12):
+        edge_state.write(home, EdgeState("http", pid, "127.0.0.1:7480", "listening", 0))
+    (home.run / "http-13.json").write_text("not json")
+    assert [s.pid for s in edge_state.read_all(home, runs=lambda pid: pid == 12)] == [12]
+    edge_state.forget_dead(home, "http", runs=lambda pid: pid == 12)
+    assert sorted(p.name for p in home.run.glob("http-*")) == ["http-12.json"]
+
+
+def test_make_run_keeps_the_broker_up_when_the_gateways_address_is_taken(
+    tmp_path: Path,
+) -> None:
+    """The Procfile under honcho, as `make run HTTP=...` starts it: honcho stops the
+    whole group when one process exits, so the gateway must not exit."""
+    home = Home(tempfile.mkdtemp(prefix="relay-")).create()  # short: ipc:// path limit
+    holder = taken_port()
+    port = holder.getsockname()[1]
+    env = {
+        **os.environ,
+        "RELAY_HOME": str(home.root),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "RELAY_HTTP_LISTEN": f"127.0.0.1:{port}",
+    }
+    out = (tmp_path / "honcho.log").open("wb")
+    honcho = subprocess.Popen(
+        [str(Path(sys.executable).parent / "honcho"), "start"],
+        cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    log = tmp_path / "honcho.log"
+    try:
+
+        def retrying() -> list:
+            assert honcho.poll() is None, log.read_text()
+            try:
+                with connect(home.root, timeout=1.0) as client:
+                    status = client.status()
+            except RelayError:
+                return []
+            return [e for e in status["edges"] if e["state"] == "retrying"]
+
+        (edge,) = wait_for(retrying, 30, interval=0.1, what="the group up, its gateway retrying")
+        assert edge["address"] == f"127.0.0.1:{port}"
+        assert "cannot bind" in log.read_text()
+    finally:
+        holder.close()
+        honcho.terminate()
+        try:
+            honcho.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(honcho.pid, signal.SIGKILL)  # the group this test started
+            honcho.wait()
+        out.close()
+        shutil.rmtree(home.root, ignore_errors=True)

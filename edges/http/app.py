@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from signal import SIGINT, SIGTERM
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -19,6 +22,7 @@ from starlette.staticfiles import StaticFiles
 from edges.http.errors import HttpError, error_body, status_for
 from edges.http.gateway import Gateway
 from edges.http.guard import CrossSiteGuard, allowed_hosts
+from edges.http.listener import Listener
 from edges.http.openapi import document
 from edges.http.routes import ROUTES
 from edges.http.sse import KEEPALIVE_S
@@ -125,23 +129,39 @@ def serve(
     server_key: str | None = None,
     timeout: float = 10.0,
 ) -> int:
-    """Run the gateway in the foreground until SIGINT/SIGTERM (`relay http`)."""
+    """Run the gateway in the foreground until SIGINT/SIGTERM (`relay http`). An address
+    that is taken is retried until it is free (edges/http/listener.py): the process
+    stays up, so a Procfile group is not stopped because of it."""
     import uvicorn
 
     host, port = parse_listen(listen)
-    gateway = Gateway(
-        home, address=address, key_file=key_file, server_key=server_key, timeout=timeout
-    )
-    app = build_app(gateway, (host, port))
-    log.info("relay http on http://%s:%d/ for the router at %s", host, port, gateway.address)
-    # No access log: a stream's URL may carry its token (?token=).
-    # Open streams would hold a graceful shutdown forever: they get GRACE_S to end.
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        access_log=False,
-        log_level="warning",
-        timeout_graceful_shutdown=GRACE_S,
-    )
+    listener = Listener(home, host, port)
+    stop = threading.Event()
+    # Only a flag: uvicorn installs its own handlers while it serves, then puts these back
+    # and raises the signal it caught again, which lands here: the state file is removed
+    # and the exit code is 0, not death by SIGTERM.
+    for signum in (SIGINT, SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        sock = listener.open(stop)
+        if sock is None:  # stopped while retrying
+            return 0
+        gateway = Gateway(
+            home, address=address, key_file=key_file, server_key=server_key, timeout=timeout
+        )
+        app = build_app(gateway, (host, port))
+        log.info("relay http on http://%s/ for the router at %s", listener.address, gateway.address)
+        # No access log: a stream's URL may carry its token (?token=).
+        # Open streams would hold a graceful shutdown forever: they get GRACE_S to end.
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            access_log=False,
+            log_level="warning",
+            timeout_graceful_shutdown=GRACE_S,
+        )
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        listener.close()
     return 0
