@@ -85,6 +85,7 @@ class PublishRequest:
     budget: Budget
     created_at: int
     payload: Any
+    republished_from: str | None = None  # the dead letter this publishes again
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +187,8 @@ def encode_copy(
     tail = ""
     if request.subject != subject:
         tail += f',"publishedTo":{_json_str(request.subject)}'
+    if request.republished_from is not None:
+        tail += f',"republishedFrom":"{request.republished_from}"'
     if dead is not None:
         tail += f',"deadLetter":{json.dumps(dead.to_wire(), ensure_ascii=False)}'
     return head.encode() + payload_json + (tail + "}").encode()

@@ -102,6 +102,11 @@ _BUDGET_OVERRIDES = {
 }
 
 
+def _optional_id(d: Mapping[str, Any], key: str, path: str) -> str | None:
+    value = d.get(key)
+    return None if value is None else check_id(value, label_of(path, key))
+
+
 def default_budget(now_ms: int, **overrides: Any) -> Budget:
     """A fresh budget: 5 hops, TTL one hour from ``now_ms``, 10 calls.
 
@@ -144,6 +149,7 @@ class Envelope:
     created_at: int  # unix ms
     payload: Any
     published_to: str | None = None  # the subject/pattern the publisher named, if different
+    republished_from: str | None = None  # the dead letter's id, when this publishes it again
 
     def to_wire(self) -> dict[str, Any]:
         wire = {
@@ -157,6 +163,8 @@ class Envelope:
         }
         if self.published_to is not None:
             wire["publishedTo"] = self.published_to
+        if self.republished_from is not None:
+            wire["republishedFrom"] = self.republished_from
         return wire
 
     @classmethod
@@ -177,6 +185,7 @@ class Envelope:
             created_at=get_field(d, "createdAt", int, path, minimum=0),
             payload=payload,
             published_to=get_subject(d, "publishedTo", path, wildcards=True, default=None),
+            republished_from=_optional_id(d, "republishedFrom", path),
         )
 
     def to_json(self) -> bytes:

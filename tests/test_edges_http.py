@@ -258,6 +258,36 @@ def test_dead_letters_are_listed_republished_and_purged(gw: RunningGateway) -> N
     assert gw.http.get("/api/dead-letters").json()["items"] == []
 
 
+def test_a_republished_dead_letter_is_marked_with_the_dead_letters_id(gw: RunningGateway) -> None:
+    register(gw)
+    message_id = publish(gw, {"content": "again"})["messageId"]
+    held = gw.http.get(f"/api/endpoints/{DEMO}/inbox", params={"wait": 5}).json()["messages"]
+    assert [m["id"] for m in held] == [message_id]
+    gw.http.post(f"/api/messages/{message_id}/nack", json={"reason": "boom"})
+    wait_for(lambda: gw.http.get("/api/dead-letters").json()["items"], what="the dead letter")
+    answer = gw.http.post(f"/api/dead-letters/{message_id}/republish", json={}).json()
+    assert answer["subject"] == DEMO
+    new_id = answer["result"]["messageId"]
+    (copy,) = gw.http.get(f"/api/endpoints/{DEMO}/inbox", params={"wait": 5}).json()["messages"]
+    assert copy["id"] == new_id and copy["payload"] == {"content": "again"}
+    assert copy["republishedFrom"] == message_id
+
+
+def test_an_unroutable_dead_letter_is_republished_to_the_subject_it_was_sent_to(
+    gw: RunningGateway,
+) -> None:
+    lost = publish(gw, {"content": "too early"})  # DEMO is not registered yet
+    assert lost["deliveredTo"] == 0 and lost["rejected"] == [["*", "no_match"]]
+    (letter,) = gw.http.get("/api/dead-letters", params={"endpoint": "_unroutable"}).json()["items"]
+    assert letter["endpointSubject"] is None and letter["subject"] == DEMO
+    register(gw)
+    answer = gw.http.post(f"/api/dead-letters/{lost['messageId']}/republish", json={})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["subject"] == DEMO and answer.json()["result"]["deliveredTo"] == 1
+    (copy,) = gw.http.get(f"/api/endpoints/{DEMO}/inbox", params={"wait": 5}).json()["messages"]
+    assert copy["republishedFrom"] == lost["messageId"]
+
+
 def test_rules_and_config_round_trip(gw: RunningGateway) -> None:
     rule = {"from": "relay.agent.x.>", "to": DEMO, "action": "deny", "priority": 5}
     assert gw.http.post("/api/rules", json=rule).status_code == 201

@@ -64,6 +64,7 @@ def ingest(ctx: Context, session: Session, req: Ingest, rid: int) -> Any:
         clamp(envelope.budget, now, ctx.config["budget"]),
         envelope.created_at,
         payload_json,
+        envelope.republished_from,
     )
 
     def gate(target: EndpointInfo) -> tuple[Refusal | None, bool]:

@@ -50,7 +50,10 @@ def publish(ctx: Context, session: Session, req: Publish, rid: int) -> Any:
             "mailboxPressure": {},
             "details": {"*": verdict.reason},
         }
-    request = PublishRequest(message_id, req.subject, sender, reply_to, budget, now, payload_json)
+    request = PublishRequest(
+        message_id, req.subject, sender, reply_to, budget, now, payload_json,
+        req.republished_from,
+    )  # fmt: skip
 
     def gate(target: EndpointInfo) -> tuple[Refusal | None, bool]:
         return target_gate(ctx, target, sender, now)

@@ -69,6 +69,8 @@ def queue_remote(
         }
         if request.subject != subjects[0]:
             envelope["publishedTo"] = request.subject
+        if request.republished_from is not None:
+            envelope["republishedFrom"] = request.republished_from
         if not ctx.federation.add(RemotePart(token, node, subjects, envelope)):
             full = f"{MAX_QUEUED} parts already wait for the bridge"
             settle(ctx, token, job, node, ("unavailable", full))
