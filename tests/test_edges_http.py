@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,7 +45,7 @@ from sdk.errors import ERROR_CLASSES, InvalidConfig, RelayError
 from sdk.ids import new_id
 from sdk.paths import Home
 from sdk.types import Envelope, Signal, SignalType, default_budget
-from tests.edges_harness import EventReader, RunningGateway
+from tests.edges_harness import VALIDATED, EventReader, RunningGateway
 from tests.harness import ROOT, Broker, free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -314,6 +315,61 @@ def test_openapi_documents_every_api_route_and_no_other(gw: RunningGateway) -> N
         (m, r.path) for r in app.routes if r.path.startswith("/api/") for m in r.methods - {"HEAD"}
     }
     assert documented == routed
+
+
+def test_a_schema_validating_client_accepts_every_documented_answer(gw: RunningGateway) -> None:
+    """Every call below goes through openapi-core (tests/edges_harness.py), which holds
+    the real answer to /openapi.json; then every documented success was seen."""
+    VALIDATED.clear()
+    http = gw.http
+    register(gw)
+    assert http.post("/api/endpoints", json={"subject": DEMO}).status_code == 200
+    http.get("/api/endpoints")
+    first = publish(gw, {"content": "one"})["messageId"]
+    second = publish(gw, {"content": "two"})["messageId"]
+    held = http.get(f"/api/endpoints/{DEMO}/inbox", params={"wait": 5, "limit": 1})
+    assert [m["id"] for m in held.json()["messages"]] == [first]
+    http.get(f"/api/endpoints/{DEMO}/pending")
+    http.post(f"/api/messages/{first}/nack", json={"reason": "for the schema"})
+    wait_for(lambda: http.get("/api/dead-letters").json()["items"], what="the dead letter")
+    again = http.post(f"/api/dead-letters/{first}/republish", json={})
+    assert again.status_code == 200, again.text
+    http.get(f"/api/trace/{first}")
+    held = http.get(f"/api/endpoints/{DEMO}/inbox", params={"limit": 1, "wait": 5})
+    assert [m["id"] for m in held.json()["messages"]] == [second]
+    http.post(f"/api/messages/{second}/ack")
+    wait_for(lambda: copy_state(gw, second) == "done", what="the ack to land")
+    release = threading.Event()
+    gw.broker.client().subscribe(DEMO, lambda msg: release.wait(30))  # holds its claim
+    try:
+        item = wait_for(
+            lambda: http.get(f"/api/endpoints/{DEMO}/pending").json()["items"],
+            what="the republished message claimed by the SDK consumer",
+        )[0]
+        requeue = {"endpoint": item["endpoint"]}
+        answer = http.post(f"/api/messages/{item['id']}/requeue", json=requeue)
+        assert answer.is_success, answer.text
+    finally:
+        release.set()
+    http.post("/api/signals", json={"subject": DEMO, "type": "typing", "state": "active"})
+    rule = {"from": "relay.agent.x.>", "to": DEMO, "action": "deny", "priority": 5}
+    http.post("/api/rules", json=rule)
+    http.get("/api/rules")
+    http.delete("/api/rules", params={"from": rule["from"], "to": rule["to"]})
+    http.get("/api/config")
+    http.patch("/api/config", json={"rateLimit": {"maxPerWindow": 250}})
+    http.get("/api/status")
+    http.delete("/api/dead-letters")
+    http.delete(f"/api/endpoints/{DEMO}")
+
+    documented = {
+        (method.upper(), path, int(status))
+        for path, ops in document("1")["paths"].items()
+        for method, op in ops.items()
+        for status in op["responses"]
+        if status.isdigit() and "application/json" in op["responses"][status]["content"]
+    }
+    assert documented - VALIDATED == set()
 
 
 # ---------------------------------------------------------------------- streams
