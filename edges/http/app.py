@@ -73,6 +73,12 @@ async def console(request: Request) -> Response:
     return FileResponse(CONSOLE / "index.html", headers={"Cache-Control": "no-cache"})
 
 
+async def favicon(request: Request) -> Response:
+    """The console's icon where browsers look for it first (an SVG: every browser that
+    runs the console takes one, whatever the name says)."""
+    return FileResponse(CONSOLE / "favicon.svg", media_type="image/svg+xml")
+
+
 def build_app(
     gateway: Gateway, listen: tuple[str, int], *, keepalive: float = KEEPALIVE_S
 ) -> Starlette:
@@ -93,6 +99,7 @@ def build_app(
             *ROUTES,
             Route("/openapi.json", openapi, methods=["GET"]),
             Route("/", console, methods=["GET"]),
+            Route("/favicon.ico", favicon, methods=["GET"]),
             Mount("/console", StaticFiles(directory=CONSOLE), name="console"),
         ],
         exception_handlers={RelayError: relay_error, 404: not_found, 405: not_found, 500: internal},
