@@ -665,6 +665,14 @@ def test_a_cross_site_publish_gets_403_access_denied(gw: RunningGateway) -> None
 # ---------------------------------------------------------------------- the command
 
 
+def serves(port: int) -> bool:
+    """Whether a gateway answers on 127.0.0.1:port."""
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/api/status").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def test_relay_http_command_serves_the_api_and_the_console(broker: Broker) -> None:
     port = free_port()
     proc = subprocess.Popen(
@@ -673,14 +681,7 @@ def test_relay_http_command_serves_the_api_and_the_console(broker: Broker) -> No
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
-
-        def up() -> bool:
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/api/status").status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(up, 20, interval=0.1, what="relay http to serve")
+        wait_for(lambda: serves(port), 20, interval=0.1, what="relay http to serve")
         page = httpx.get(f"http://127.0.0.1:{port}/")
         assert page.status_code == 200 and "Relay console" in page.text
     finally:
@@ -721,14 +722,7 @@ def test_the_gateway_stays_up_while_its_address_is_taken_and_binds_once_free(
     assert f"http pid {edge['pid']}: CANNOT BIND 127.0.0.1:{port}" in shown.stdout, shown
 
     holder.close()
-
-    def serving() -> bool:
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/api/status").status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(serving, 20, interval=0.1, what="the gateway to bind once the port is free")
+    wait_for(lambda: serves(port), 20, interval=0.1, what="the gateway to bind once free")
     assert [e["state"] for e in edges_of(broker)] == ["listening"]
     assert broker.procs["http"].poll() is None
     broker.procs["http"].terminate()
