@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# HTTP=HOST:PORT: the gateway's address (the Procfile's default: 127.0.0.1:7480).
 run: $(STAMP)
-	RELAY_HOME=$(HOME_DIR) PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/honcho start
+	RELAY_HOME=$(HOME_DIR) PATH=$(CURDIR)/$(BIN):$$PATH $(if $(HTTP),RELAY_HTTP_LISTEN=$(HTTP)) \
+		$(BIN)/honcho start
 
 # The Node.js and C clients: Debian -dev packages, npm ci, the C build (clients/setup.sh).
 clients:

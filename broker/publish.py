@@ -86,6 +86,7 @@ class PublishRequest:
     created_at: int
     payload: Any
     parent_id: str | None = None  # a reply: the message it answers (kept in every copy)
+    republished_from: str | None = None  # the dead letter this publishes again
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +190,8 @@ def encode_copy(
         tail += f',"publishedTo":{_json_str(request.subject)}'
     if request.parent_id is not None:
         tail += f',"parentId":{_json_str(request.parent_id)}'
+    if request.republished_from is not None:
+        tail += f',"republishedFrom":"{request.republished_from}"'
     if dead is not None:
         tail += f',"deadLetter":{json.dumps(dead.to_wire(), ensure_ascii=False)}'
     return head.encode() + payload_json + (tail + "}").encode()

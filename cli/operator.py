@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from cli.output import emit, table
+from sdk import edge_state
 from sdk.client import Client, connect
 from sdk.types import AccessRule, Envelope, Signal
 
@@ -206,6 +207,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"requests waiting on writers {s['pendingRequests']}",
         ]
         lines += [f"{name} REFUSED: {why}" for name, why in s.get("fileErrors", {}).items()]
+        lines += [edge_state.describe(e) for e in s.get("edges", [])]
         fed = s.get("federation") or {}
         if fed.get("node") or fed.get("remoteEndpoints"):
             nodes = ", ".join(f"{n} ({k} endpoints)" for n, k in fed["remoteEndpoints"].items())

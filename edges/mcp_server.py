@@ -8,8 +8,10 @@ every session then sharing that client, sender and inbox.
 
 The tools are described in edges.mcp_tools; what an agent reads and has not yet
 answered is held by edges.mcp_inbox; send-and-wait replies come through
-edges.mcp_replies. Results are JSON text; a refusal is a tool error whose text starts
-with the Relay code (``sender_not_allowed: ...``), see docs/operations.md, "MCP".
+edges.mcp_replies. Results are JSON, twice: as text (for hosts and models that read
+text) and as ``structuredContent`` matching the tool's ``outputSchema`` (MCP 2025-06-18
+and later; hosts use it without parsing). A refusal is a tool error whose text starts
+with the Relay code (``sender_not_allowed: ...``), see docs/mcp.md.
 """
 
 from __future__ import annotations
@@ -183,7 +185,7 @@ class RelayTools:
         except Exception as exc:  # a bug here must not end the agent's session
             log.exception("tool %s failed", tool)
             return _result(error_text("internal", f"{type(exc).__name__}: {exc}"), error=True)
-        return _result(as_text(data))
+        return _result(as_text(data), structured=data)
 
 
 class Refused(RelayError):
@@ -200,15 +202,24 @@ def _delivered(result: PublishResult) -> dict[str, Any]:
     return data
 
 
-def _result(text: str, *, error: bool = False) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=error)
+def _result(text: str, *, error: bool = False, structured: Any = None) -> types.CallToolResult:
+    """The text always (older hosts read only that); the same data as structured content
+    on success. A tool error has none: its schema is the text's ``code: sentence``."""
+    return types.CallToolResult(
+        content=[types.TextContent(text=text)], structured_content=structured, is_error=error
+    )
 
 
 def build_server(tools: RelayTools) -> Server:
     """The MCP server object: tools/list and tools/call over ``tools``."""
     listed = types.ListToolsResult(
         tools=[
-            types.Tool(name=t.name, description=t.description, input_schema=t.input_schema)
+            types.Tool(
+                name=t.name,
+                description=t.description,
+                input_schema=t.input_schema,
+                output_schema=t.output_schema,
+            )
             for t in TOOLS
         ]
     )

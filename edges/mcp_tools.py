@@ -1,4 +1,6 @@
-"""The MCP tools of `relay mcp`, as data: names, one-line descriptions, JSON schemas.
+"""The MCP tools of `relay mcp`, as data: names, one-line descriptions, JSON schemas of
+their arguments and of their results (``outputSchema``: a result is also returned as
+``structuredContent``, MCP 2025-06-18 and later, beside the JSON text).
 
 No I/O here. The names and parameters are DESIGN's (compatible with DorkOS's tools, so
 an agent prompted for one works with the other); edges.mcp_server carries them out.
@@ -31,6 +33,7 @@ class ToolSpec:
     name: str
     description: str
     input_schema: dict[str, Any]
+    output_schema: dict[str, Any]
 
 
 def _schema(properties: dict[str, Any], required: Iterable[str] = ()) -> dict[str, Any]:
@@ -51,6 +54,49 @@ def _subject(what: str) -> dict[str, Any]:
     return {**_SUBJECT, "description": what}
 
 
+# ---------------------------------------------------------------------- results
+# Each output schema is one self-contained document (hosts resolve a $ref only inside
+# it). Objects list what a host may rely on as required and stay open: a newer Relay may
+# add fields.
+
+
+def _result(properties: dict[str, Any], required: Iterable[str] | None = None) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties) if required is None else list(required),
+    }
+
+
+_TEXT = {"type": "string"}
+_COUNT = {"type": "integer", "minimum": 0}
+_ENVELOPE = _result(
+    {
+        "id": {"type": "string"},
+        "subject": _TEXT,
+        "from": _TEXT,
+        "replyTo": {"type": ["string", "null"]},
+        "budget": {"type": "object"},
+        "createdAt": _COUNT,
+        "payload": {"description": "any JSON value"},
+    },
+)
+_PUBLISHED = _result(
+    {
+        "messageId": {"type": "string"},
+        "deliveredTo": {**_COUNT, "description": "how many endpoints stored a copy"},
+        "rejected": {
+            "type": "array",
+            "items": {"type": "array", "items": _TEXT, "description": "[endpoint, reason]"},
+        },
+        "mailboxPressure": {"type": "object", "additionalProperties": {"type": "number"}},
+        "details": {"type": "object", "additionalProperties": _TEXT},
+    }
+)
+_COPIES = {"type": "array", "items": _result({"id": _TEXT, "endpoint": _TEXT, "state": _TEXT})}
+_ANSWERED = _result({"id": _TEXT, "endpoint": _TEXT, "answer": {"enum": ["ack", "nack"]}})
+
+
 TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "relay_send",
@@ -64,6 +110,7 @@ TOOLS: tuple[ToolSpec, ...] = (
             },
             ["subject", "payload"],
         ),
+        _PUBLISHED,
     ),
     ToolSpec(
         "relay_send_and_wait",
@@ -83,6 +130,7 @@ TOOLS: tuple[ToolSpec, ...] = (
             },
             ["subject", "payload"],
         ),
+        _result({"requestId": _TEXT, "reply": _ENVELOPE}),
     ),
     ToolSpec(
         "relay_inbox",
@@ -107,6 +155,18 @@ TOOLS: tuple[ToolSpec, ...] = (
             },
             ["endpoint"],
         ),
+        _result(
+            {
+                "messages": {
+                    "type": "array",
+                    "items": {
+                        **_ENVELOPE,
+                        "properties": {**_ENVELOPE["properties"], "endpoint": _TEXT},
+                    },
+                },
+                "stillHeld": {"type": "array", "items": _TEXT},
+            }
+        ),
     ),
     ToolSpec(
         "relay_ack",
@@ -114,6 +174,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         _schema(
             {"endpoint": _subject("the endpoint it was read from"), "id": _ID}, ["endpoint", "id"]
         ),
+        _ANSWERED,
     ),
     ToolSpec(
         "relay_nack",
@@ -126,38 +187,73 @@ TOOLS: tuple[ToolSpec, ...] = (
             },
             ["endpoint", "id", "reason"],
         ),
+        {**_ANSWERED, "properties": {**_ANSWERED["properties"], "reason": _TEXT}},
     ),
     ToolSpec(
         "relay_reply",
         "Reply to a message you read with relay_inbox (sent to its replyTo, carrying its "
         "budget so loops stop); relay_ack the message afterwards.",
         _schema({"id": _ID, "payload": _PAYLOAD}, ["id", "payload"]),
+        _PUBLISHED,
     ),
     ToolSpec(
         "relay_list_endpoints",
         "List the registered endpoints and how many messages wait in each.",
         _schema({}),
+        _result(
+            {
+                "endpoints": {
+                    "type": "array",
+                    "items": _result(
+                        {
+                            "subject": _TEXT,
+                            "hash": _TEXT,
+                            "depth": _COUNT,
+                            "pressure": {"type": "number"},
+                        }
+                    ),
+                }
+            }
+        ),
     ),
     ToolSpec(
         "relay_register_endpoint",
         "Register an endpoint (a concrete subject with a mailbox) so messages sent to it are kept.",
         _schema({"subject": _subject("e.g. relay.agent.<project>.<name>")}, ["subject"]),
+        _result({"subject": _TEXT, "hash": _TEXT, "maildirPath": _TEXT, "registeredAt": _COUNT}),
     ),
     ToolSpec(
         "relay_unregister_endpoint",
         "Unregister an endpoint; its unread mail and dead letters stay on disk.",
         _schema({"subject": _SUBJECT}, ["subject"]),
+        _result({"subject": _TEXT, "removed": {"type": "boolean"}}),
     ),
     ToolSpec(
         "relay_dead_letters",
         "List dead letters (messages rejected or failed, with the reason), of one endpoint "
         "or of all you may see.",
         _schema({"endpoint": _subject("an endpoint subject or hash, or _unroutable")}),
+        _result(
+            {
+                "items": {
+                    "type": "array",
+                    "items": _result(
+                        {
+                            "id": _TEXT,
+                            "endpoint": _TEXT,
+                            "from": _TEXT,
+                            "reason": {"type": ["string", "null"]},
+                        }
+                    ),
+                }
+            }
+        ),
     ),
     ToolSpec(
         "relay_trace",
         "Show every copy of a message: the endpoints it reached, its state and timestamps.",
         _schema({"id": _ID}, ["id"]),
+        _result({"id": _TEXT, "copies": _COPIES}),
     ),
     ToolSpec(
         "relay_signal",
@@ -176,6 +272,7 @@ TOOLS: tuple[ToolSpec, ...] = (
             },
             ["subject", "type", "state"],
         ),
+        _result({"subject": _TEXT, "signal": {"type": "object"}}),
     ),
 )
 

@@ -102,6 +102,11 @@ _BUDGET_OVERRIDES = {
 }
 
 
+def _optional_id(d: Mapping[str, Any], key: str, path: str) -> str | None:
+    value = d.get(key)
+    return None if value is None else check_id(value, label_of(path, key))
+
+
 def default_budget(now_ms: int, **overrides: Any) -> Budget:
     """A fresh budget: 5 hops, TTL one hour from ``now_ms``, 10 calls.
 
@@ -145,6 +150,7 @@ class Envelope:
     payload: Any
     published_to: str | None = None  # the subject/pattern the publisher named, if different
     parent_id: str | None = None  # a reply: the id of the message it answers
+    republished_from: str | None = None  # the dead letter's id, when this publishes it again
     # How many times this copy has been handed to a consumer, this time included (1 the
     # first time; 0: not handed out, as in a file or to an observer). Said by the
     # router with each hand-out, never in the file.
@@ -164,6 +170,8 @@ class Envelope:
             wire["publishedTo"] = self.published_to
         if self.parent_id is not None:
             wire["parentId"] = self.parent_id
+        if self.republished_from is not None:
+            wire["republishedFrom"] = self.republished_from
         return wire
 
     @classmethod
@@ -185,6 +193,7 @@ class Envelope:
             payload=payload,
             published_to=get_subject(d, "publishedTo", path, wildcards=True, default=None),
             parent_id=_optional_id(d, "parentId", path),
+            republished_from=_optional_id(d, "republishedFrom", path),
         )
 
     def to_json(self) -> bytes:

@@ -11,6 +11,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from sdk.client import Client
@@ -147,3 +148,59 @@ def test_console_asks_for_a_token_when_auth_json_lists_tokens(shots: Path) -> No
                 browser.close()
     finally:
         broker.cleanup()
+
+
+LONG = "relay.agent.a-rather-long-project-name.backend-service-with-a-long-name"
+
+
+@pytest.mark.parametrize("width", [800, 1400])
+def test_console_fits_the_window_and_shows_a_small_pressure(
+    broker: Broker, shots: Path, width: int
+) -> None:
+    """Given endpoints with long subjects, one message waiting (0.1 % of a mailbox), a
+    dead letter with a long reason and an unroutable one; when the console opens at
+    ``width`` px, then nothing is wider than the window, the pressure bar shows, and no
+    request of the page (the favicon included) answered 404."""
+    client = broker.client()
+    for subject in (DEMO, LONG, f"{LONG}.with.more.tokens"):
+        client.register_endpoint(subject)
+    client.publish(LONG, {"content": "waiting"}, sender=SENDER)
+
+    def refuse(envelope: Envelope) -> None:
+        raise ValueError("the request names a tool this agent does not have: " + "x" * 150)
+
+    stop = client.subscribe(DEMO, refuse)
+    client.publish(DEMO, {"content": "doomed"}, sender=SENDER)
+    wait_for(lambda: client.dead_letters(), what="the nacked message to become a dead letter")
+    stop()
+    client.publish("relay.agent.nobody.home", {"content": "lost"}, sender=SENDER)
+
+    with RunningGateway(broker) as gw, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": width, "height": 900})
+            missing: list[str] = []
+            page.on("response", lambda r: r.status == 404 and missing.append(r.url))
+            page.goto(gw.url + "/")
+            expect(page.locator("#stream-state")).to_have_text("live", timeout=15_000)
+            row = page.locator(f'#endpoints tr[data-subject="{LONG}"]')
+            expect(row).to_be_visible(timeout=10_000)
+            page.locator("#refresh-dead-letters").click()
+            expect(page.locator("#dead-letters tbody tr")).to_have_count(2, timeout=10_000)
+            page.screenshot(path=str(shots / f"console-{width}.png"), full_page=True)
+
+            overflow = page.evaluate(
+                """() => [document.documentElement, ...document.querySelectorAll('section')]
+                    .filter(e => e.scrollWidth > e.clientWidth + 1)
+                    .map(e => `${e.id || e.tagName}: ${e.scrollWidth} > ${e.clientWidth}`)"""
+            )
+            assert overflow == [], overflow
+            bar = row.locator(".pressure .bar span").bounding_box()
+            assert bar is not None and bar["width"] >= 2, bar
+            expect(row.locator(".pressure")).to_contain_text("0.1%")
+            assert httpx.get(gw.url + "/favicon.ico").status_code == 200
+            assert missing == []
+        finally:
+            browser.close()

@@ -5,11 +5,18 @@ Each test gets its own broker (data directory, sockets) and gateway (free port).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -27,13 +34,18 @@ from edges.http.credentials import (
 from edges.http.errors import STATUS_BY_CODE, HttpError
 from edges.http.gateway import Gateway, Peer
 from edges.http.guard import allowed_hosts, refusal
+from edges.http.listener import retry_delay
 from edges.http.openapi import document
 from edges.http.sse import CUT, ObserverHub, message_event
 from edges.http.streams import Stream
-from sdk.errors import ERROR_CLASSES, InvalidConfig
+from sdk import edge_state
+from sdk.client import connect
+from sdk.edge_state import EdgeState
+from sdk.errors import ERROR_CLASSES, InvalidConfig, RelayError
 from sdk.ids import new_id
+from sdk.paths import Home
 from sdk.types import Envelope, Signal, SignalType, default_budget
-from tests.edges_harness import EventReader, RunningGateway
+from tests.edges_harness import VALIDATED, EventReader, RunningGateway
 from tests.harness import ROOT, Broker, free_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -148,6 +160,27 @@ def test_ack_of_a_message_not_held_is_message_not_found(gw: RunningGateway) -> N
     assert response.json()["error"]["code"] == "message_not_found"
 
 
+def test_registering_answers_201_when_made_and_200_when_it_was_there(gw: RunningGateway) -> None:
+    made = gw.http.post("/api/endpoints", json={"subject": DEMO})
+    again = gw.http.post("/api/endpoints", json={"subject": DEMO})
+    assert (made.status_code, again.status_code) == (201, 200), again.text
+    assert made.json() == again.json()
+    assert "created" not in made.json()  # the status code says it
+
+
+def test_trace_of_an_unknown_id_is_404_message_not_found(gw: RunningGateway) -> None:
+    response = gw.http.get(f"/api/trace/{new_id()}")
+    assert response.status_code == 404, response.text
+    assert response.json()["error"]["code"] == "message_not_found"
+
+
+def test_ack_and_nack_of_an_unknown_id_are_404_message_not_found(gw: RunningGateway) -> None:
+    for answer in ("ack", "nack"):
+        response = gw.http.post(f"/api/messages/{new_id()}/{answer}", json={})
+        assert response.status_code == 404, response.text
+        assert response.json()["error"]["code"] == "message_not_found"
+
+
 def test_inbox_of_an_unregistered_endpoint_is_endpoint_not_found(gw: RunningGateway) -> None:
     response = gw.http.get("/api/endpoints/relay.agent.nobody/inbox")
     assert response.status_code == 404
@@ -226,6 +259,36 @@ def test_dead_letters_are_listed_republished_and_purged(gw: RunningGateway) -> N
     assert gw.http.get("/api/dead-letters").json()["items"] == []
 
 
+def test_a_republished_dead_letter_is_marked_with_the_dead_letters_id(gw: RunningGateway) -> None:
+    register(gw)
+    message_id = publish(gw, {"content": "again"})["messageId"]
+    held = gw.http.get(f"/api/endpoints/{DEMO}/inbox", params={"wait": 5}).json()["messages"]
+    assert [m["id"] for m in held] == [message_id]
+    gw.http.post(f"/api/messages/{message_id}/nack", json={"reason": "boom"})
+    wait_for(lambda: gw.http.get("/api/dead-letters").json()["items"], what="the dead letter")
+    answer = gw.http.post(f"/api/dead-letters/{message_id}/republish", json={}).json()
+    assert answer["subject"] == DEMO
+    new_id = answer["result"]["messageId"]
+    (copy,) = gw.http.get(f"/api/endpoints/{DEMO}/inbox", params={"wait": 5}).json()["messages"]
+    assert copy["id"] == new_id and copy["payload"] == {"content": "again"}
+    assert copy["republishedFrom"] == message_id
+
+
+def test_an_unroutable_dead_letter_is_republished_to_the_subject_it_was_sent_to(
+    gw: RunningGateway,
+) -> None:
+    lost = publish(gw, {"content": "too early"})  # DEMO is not registered yet
+    assert lost["deliveredTo"] == 0 and lost["rejected"] == [["*", "no_match"]]
+    (letter,) = gw.http.get("/api/dead-letters", params={"endpoint": "_unroutable"}).json()["items"]
+    assert letter["endpointSubject"] is None and letter["subject"] == DEMO
+    register(gw)
+    answer = gw.http.post(f"/api/dead-letters/{lost['messageId']}/republish", json={})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["subject"] == DEMO and answer.json()["result"]["deliveredTo"] == 1
+    (copy,) = gw.http.get(f"/api/endpoints/{DEMO}/inbox", params={"wait": 5}).json()["messages"]
+    assert copy["republishedFrom"] == lost["messageId"]
+
+
 def test_rules_and_config_round_trip(gw: RunningGateway) -> None:
     rule = {"from": "relay.agent.x.>", "to": DEMO, "action": "deny", "priority": 5}
     assert gw.http.post("/api/rules", json=rule).status_code == 201
@@ -252,6 +315,61 @@ def test_openapi_documents_every_api_route_and_no_other(gw: RunningGateway) -> N
         (m, r.path) for r in app.routes if r.path.startswith("/api/") for m in r.methods - {"HEAD"}
     }
     assert documented == routed
+
+
+def test_a_schema_validating_client_accepts_every_documented_answer(gw: RunningGateway) -> None:
+    """Every call below goes through openapi-core (tests/edges_harness.py), which holds
+    the real answer to /openapi.json; then every documented success was seen."""
+    VALIDATED.clear()
+    http = gw.http
+    register(gw)
+    assert http.post("/api/endpoints", json={"subject": DEMO}).status_code == 200
+    http.get("/api/endpoints")
+    first = publish(gw, {"content": "one"})["messageId"]
+    second = publish(gw, {"content": "two"})["messageId"]
+    held = http.get(f"/api/endpoints/{DEMO}/inbox", params={"wait": 5, "limit": 1})
+    assert [m["id"] for m in held.json()["messages"]] == [first]
+    http.get(f"/api/endpoints/{DEMO}/pending")
+    http.post(f"/api/messages/{first}/nack", json={"reason": "for the schema"})
+    wait_for(lambda: http.get("/api/dead-letters").json()["items"], what="the dead letter")
+    again = http.post(f"/api/dead-letters/{first}/republish", json={})
+    assert again.status_code == 200, again.text
+    http.get(f"/api/trace/{first}")
+    held = http.get(f"/api/endpoints/{DEMO}/inbox", params={"limit": 1, "wait": 5})
+    assert [m["id"] for m in held.json()["messages"]] == [second]
+    http.post(f"/api/messages/{second}/ack")
+    wait_for(lambda: copy_state(gw, second) == "done", what="the ack to land")
+    release = threading.Event()
+    gw.broker.client().subscribe(DEMO, lambda msg: release.wait(30))  # holds its claim
+    try:
+        item = wait_for(
+            lambda: http.get(f"/api/endpoints/{DEMO}/pending").json()["items"],
+            what="the republished message claimed by the SDK consumer",
+        )[0]
+        requeue = {"endpoint": item["endpoint"]}
+        answer = http.post(f"/api/messages/{item['id']}/requeue", json=requeue)
+        assert answer.is_success, answer.text
+    finally:
+        release.set()
+    http.post("/api/signals", json={"subject": DEMO, "type": "typing", "state": "active"})
+    rule = {"from": "relay.agent.x.>", "to": DEMO, "action": "deny", "priority": 5}
+    http.post("/api/rules", json=rule)
+    http.get("/api/rules")
+    http.delete("/api/rules", params={"from": rule["from"], "to": rule["to"]})
+    http.get("/api/config")
+    http.patch("/api/config", json={"rateLimit": {"maxPerWindow": 250}})
+    http.get("/api/status")
+    http.delete("/api/dead-letters")
+    http.delete(f"/api/endpoints/{DEMO}")
+
+    documented = {
+        (method.upper(), path, int(status))
+        for path, ops in document("1")["paths"].items()
+        for method, op in ops.items()
+        for status in op["responses"]
+        if status.isdigit() and "application/json" in op["responses"][status]["content"]
+    }
+    assert documented - VALIDATED == set()
 
 
 # ---------------------------------------------------------------------- streams
@@ -547,6 +665,14 @@ def test_a_cross_site_publish_gets_403_access_denied(gw: RunningGateway) -> None
 # ---------------------------------------------------------------------- the command
 
 
+def serves(port: int) -> bool:
+    """Whether a gateway answers on 127.0.0.1:port."""
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/api/status").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def test_relay_http_command_serves_the_api_and_the_console(broker: Broker) -> None:
     port = free_port()
     proc = subprocess.Popen(
@@ -555,16 +681,120 @@ def test_relay_http_command_serves_the_api_and_the_console(broker: Broker) -> No
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
-
-        def up() -> bool:
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/api/status").status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(up, 20, interval=0.1, what="relay http to serve")
+        wait_for(lambda: serves(port), 20, interval=0.1, what="relay http to serve")
         page = httpx.get(f"http://127.0.0.1:{port}/")
         assert page.status_code == 200 and "Relay console" in page.text
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def taken_port() -> socket.socket:
+    """A socket listening on a free loopback port, as another program would hold it."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    return holder
+
+
+def edges_of(broker: Broker) -> list[dict]:
+    return broker.client().status()["edges"]
+
+
+def test_the_gateway_stays_up_while_its_address_is_taken_and_binds_once_free(
+    broker: Broker,
+) -> None:
+    holder = taken_port()
+    port = holder.getsockname()[1]
+    broker.start_process("http", "http", "--listen", f"127.0.0.1:{port}")
+    wait_for(lambda: "cannot bind" in broker.log("http"), 20, what="the cannot-bind line")
+    (line,) = [x for x in broker.log("http").splitlines() if "cannot bind" in x]
+    assert f"127.0.0.1:{port}" in line and "retrying" in line
+
+    (edge,) = wait_for(lambda: edges_of(broker), what="the gateway in status")
+    assert (edge["kind"], edge["state"], edge["address"]) == (
+        "http",
+        "retrying",
+        f"127.0.0.1:{port}",
+    )
+    assert edge["pid"] == broker.procs["http"].pid and "in use" in edge["error"]
+    shown = broker.relay("status")
+    assert f"http pid {edge['pid']}: CANNOT BIND 127.0.0.1:{port}" in shown.stdout, shown
+
+    holder.close()
+    wait_for(lambda: serves(port), 20, interval=0.1, what="the gateway to bind once free")
+    assert [e["state"] for e in edges_of(broker)] == ["listening"]
+    assert broker.procs["http"].poll() is None
+    broker.procs["http"].terminate()
+    assert broker.procs["http"].wait(10) == 0
+    assert edges_of(broker) == []  # its state file went with it
+
+
+def test_a_gateway_stopped_while_retrying_exits_cleanly(broker: Broker) -> None:
+    with contextlib.closing(taken_port()) as holder:
+        port = holder.getsockname()[1]
+        broker.start_process("http", "http", "--listen", f"127.0.0.1:{port}")
+        wait_for(lambda: edges_of(broker), 20, what="the gateway in status")
+        broker.procs["http"].terminate()
+        assert broker.procs["http"].wait(10) == 0
+    assert edges_of(broker) == []
+
+
+def test_retry_delays_double_up_to_thirty_seconds() -> None:
+    assert [retry_delay(n) for n in range(1, 9)] == [1, 2, 4, 8, 16, 30, 30, 30]
+
+
+def test_edge_states_of_processes_that_no_longer_run_are_ignored(tmp_path: Path) -> None:
+    home = Home(tmp_path).create()
+    for pid in (11, 12):
+        edge_state.write(home, EdgeState("http", pid, "127.0.0.1:7480", "listening", 0))
+    (home.run / "http-13.json").write_text("not json")
+    assert [s.pid for s in edge_state.read_all(home, runs=lambda pid: pid == 12)] == [12]
+    edge_state.forget_dead(home, "http", runs=lambda pid: pid == 12)
+    assert sorted(p.name for p in home.run.glob("http-*")) == ["http-12.json"]
+
+
+def test_make_run_keeps_the_broker_up_when_the_gateways_address_is_taken(
+    tmp_path: Path,
+) -> None:
+    """The Procfile under honcho, as `make run HTTP=...` starts it: honcho stops the
+    whole group when one process exits, so the gateway must not exit."""
+    home = Home(tempfile.mkdtemp(prefix="relay-")).create()  # short: ipc:// path limit
+    holder = taken_port()
+    port = holder.getsockname()[1]
+    env = {
+        **os.environ,
+        "RELAY_HOME": str(home.root),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "RELAY_HTTP_LISTEN": f"127.0.0.1:{port}",
+    }
+    out = (tmp_path / "honcho.log").open("wb")
+    honcho = subprocess.Popen(
+        [str(Path(sys.executable).parent / "honcho"), "start"],
+        cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    log = tmp_path / "honcho.log"
+    try:
+
+        def retrying() -> list:
+            assert honcho.poll() is None, log.read_text()
+            try:
+                with connect(home.root, timeout=1.0) as client:
+                    status = client.status()
+            except RelayError:
+                return []
+            return [e for e in status["edges"] if e["state"] == "retrying"]
+
+        (edge,) = wait_for(retrying, 30, interval=0.1, what="the group up, its gateway retrying")
+        assert edge["address"] == f"127.0.0.1:{port}"
+        assert "cannot bind" in log.read_text()
+    finally:
+        holder.close()
+        honcho.terminate()
+        try:
+            honcho.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(honcho.pid, signal.SIGKILL)  # the group this test started
+            honcho.wait()
+        out.close()
+        shutil.rmtree(home.root, ignore_errors=True)

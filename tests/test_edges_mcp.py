@@ -45,11 +45,14 @@ async def agent(broker: Broker, sender: str, *extra: str) -> AsyncIterator[Clien
 
 
 async def call(client: Client, tool: str, **arguments: Any) -> Any:
-    """A tool's JSON result; fails the test on a tool error."""
+    """A tool's JSON result; fails the test on a tool error. The SDK's client has already
+    checked its structured content against the tool's output schema; it must be the
+    text's JSON too."""
     result = await client.call_tool(tool, arguments)
     text = result.content[0].text
     assert not result.is_error, text
-    return json.loads(text)
+    assert result.structured_content == json.loads(text), tool
+    return result.structured_content
 
 
 async def refusal(client: Client, tool: str, **arguments: Any) -> str:
@@ -98,6 +101,9 @@ def test_list_tools_names_each_tool_with_a_description_and_a_schema(broker: Brok
             assert tool.input_schema["type"] == "object", tool.name
         send = next(t for t in listed if t.name == "relay_send")
         assert send.input_schema["required"] == ["subject", "payload"]
+        for tool in listed:
+            assert tool.output_schema and tool.output_schema["type"] == "object", tool.name
+        assert "deliveredTo" in send.output_schema["required"]
 
     run(scenario)
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from jsonschema import Draft202012Validator
 
 from edges.mcp_replies import free_ttl
 from edges.mcp_tools import (
@@ -39,6 +42,13 @@ def test_the_tool_names_are_designs_and_each_schema_is_a_closed_object() -> None
     ]
     for tool in TOOLS:
         assert tool.input_schema["additionalProperties"] is False, tool.name
+
+
+def test_each_tool_has_an_output_schema_that_is_a_valid_object_schema() -> None:
+    for tool in TOOLS:
+        Draft202012Validator.check_schema(tool.output_schema)
+        assert tool.output_schema["type"] == "object", tool.name  # MCP 2025-06-18, 2025-11-25
+        assert "$ref" not in json.dumps(tool.output_schema), tool.name  # hosts resolve none
 
 
 def test_carried_budget_is_none_when_nothing_is_held() -> None:

@@ -47,15 +47,16 @@ def register(ctx: Context, session: Session, req: Register, rid: int) -> Any:
     info = ctx.control.register_endpoint(req.subject, now_ms(), shared=req.shared)
     if req.subject in ctx.directory:
         ctx.directory.update(info)  # shared or not, as asked
-        return ctx.endpoint_wire(info)
+        return {**ctx.endpoint_wire(info), "created": False}
     add_endpoint(ctx, info)
+    created = {**ctx.endpoint_wire(info), "created": True}
     shard = shard_of(info.hash, ctx.shards)
     if not ctx.writers.is_up(shard):
-        return ctx.endpoint_wire(info)  # a writer adopts every mailbox of its shard at start
+        return created  # a writer adopts every mailbox of its shard at start
     # Reply once the writer watches the new mailbox, so a file dropped into its new/
     # right after register() returns is noticed.
     args = {"endpoint": info.hash, "subject": req.subject}
-    return WriterWork("watch", {shard: args}, lambda job: ctx.endpoint_wire(info))
+    return WriterWork("watch", {shard: args}, lambda job: created)
 
 
 def unregister(ctx: Context, session: Session, req: Subject, rid: int) -> Any:

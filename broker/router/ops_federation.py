@@ -65,6 +65,7 @@ def ingest(ctx: Context, session: Session, req: Ingest, rid: int) -> Any:
         envelope.created_at,
         payload_json,
         envelope.parent_id,
+        envelope.republished_from,
     )
 
     def gate(target: EndpointInfo) -> tuple[Refusal | None, bool]:

@@ -51,8 +51,9 @@ def publish(ctx: Context, session: Session, req: Publish, rid: int) -> Any:
             "details": {"*": verdict.reason},
         }
     request = PublishRequest(
-        message_id, req.subject, sender, reply_to, budget, now, payload_json, req.parent_id
-    )
+        message_id, req.subject, sender, reply_to, budget, now, payload_json,
+        req.parent_id, req.republished_from,
+    )  # fmt: skip
 
     def gate(target: EndpointInfo) -> tuple[Refusal | None, bool]:
         return target_gate(ctx, target, sender, now)

@@ -11,6 +11,7 @@ from broker.router.consumers import Session
 from broker.router.context import Context, check_receives, may_receive, now_ms
 from broker.router.indexes import record_wire
 from broker.router.requests import DeadLetters, Empty, PendingOf, Trace
+from sdk import edge_state
 from sdk.paths import UNROUTABLE
 from sdk.types import EndpointInfo
 from workers.index import MAX_QUERY_LIMIT
@@ -66,6 +67,8 @@ def status(ctx: Context, session: Session, req: Empty, rid: int) -> Any:
         "unroutable": ctx.indexes.count(State.FAILED, UNROUTABLE),
         "fileErrors": dict(ctx.settings.file_errors),
         "federation": ctx.federation.status(now_ms()),
+        # What edge processes (relay http) say of themselves in run/ (sdk/edge_state.py).
+        "edges": [s.to_wire() for s in edge_state.read_all(ctx.home)],
     }
 
 

@@ -71,6 +71,8 @@ def queue_remote(
             envelope["publishedTo"] = request.subject
         if request.parent_id is not None:
             envelope["parentId"] = request.parent_id
+        if request.republished_from is not None:
+            envelope["republishedFrom"] = request.republished_from
         if not ctx.federation.add(RemotePart(token, node, subjects, envelope)):
             full = f"{MAX_QUEUED} parts already wait for the bridge"
             settle(ctx, token, job, node, ("unavailable", full))

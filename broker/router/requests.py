@@ -114,6 +114,7 @@ class Publish:
     payload: Any
     parent_id: str | None  # a reply: the message it answers, whose budget it carries
     budget: Any  # the client's budget (wire form), clamped by the operation
+    republished_from: str | None = None  # a dead letter's id: this publishes it again
 
     @classmethod
     def decode(cls, body: Body) -> Publish:
@@ -124,7 +125,12 @@ class Publish:
             raise InvalidMessage("request field 'payload' is missing")
         parent = body.get("parentId")
         parent_id = None if parent is None else check_id(parent, "parentId")
-        return cls(subject, sender, reply_to, body["payload"], parent_id, body.get("budget"))
+        again = body.get("republishedFrom")
+        republished_from = None if again is None else check_id(again, "republishedFrom")
+        return cls(
+            subject, sender, reply_to, body["payload"], parent_id, body.get("budget"),
+            republished_from,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

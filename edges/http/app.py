@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from signal import SIGINT, SIGTERM
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -19,6 +22,7 @@ from starlette.staticfiles import StaticFiles
 from edges.http.errors import HttpError, error_body, status_for
 from edges.http.gateway import Gateway
 from edges.http.guard import CrossSiteGuard, allowed_hosts
+from edges.http.listener import Listener
 from edges.http.openapi import document
 from edges.http.routes import ROUTES
 from edges.http.sse import KEEPALIVE_S
@@ -69,6 +73,12 @@ async def console(request: Request) -> Response:
     return FileResponse(CONSOLE / "index.html", headers={"Cache-Control": "no-cache"})
 
 
+async def favicon(request: Request) -> Response:
+    """The console's icon where browsers look for it first (an SVG: every browser that
+    runs the console takes one, whatever the name says)."""
+    return FileResponse(CONSOLE / "favicon.svg", media_type="image/svg+xml")
+
+
 def build_app(
     gateway: Gateway, listen: tuple[str, int], *, keepalive: float = KEEPALIVE_S
 ) -> Starlette:
@@ -89,6 +99,7 @@ def build_app(
             *ROUTES,
             Route("/openapi.json", openapi, methods=["GET"]),
             Route("/", console, methods=["GET"]),
+            Route("/favicon.ico", favicon, methods=["GET"]),
             Mount("/console", StaticFiles(directory=CONSOLE), name="console"),
         ],
         exception_handlers={RelayError: relay_error, 404: not_found, 405: not_found, 500: internal},
@@ -125,23 +136,39 @@ def serve(
     server_key: str | None = None,
     timeout: float = 10.0,
 ) -> int:
-    """Run the gateway in the foreground until SIGINT/SIGTERM (`relay http`)."""
+    """Run the gateway in the foreground until SIGINT/SIGTERM (`relay http`). An address
+    that is taken is retried until it is free (edges/http/listener.py): the process
+    stays up, so a Procfile group is not stopped because of it."""
     import uvicorn
 
     host, port = parse_listen(listen)
-    gateway = Gateway(
-        home, address=address, key_file=key_file, server_key=server_key, timeout=timeout
-    )
-    app = build_app(gateway, (host, port))
-    log.info("relay http on http://%s:%d/ for the router at %s", host, port, gateway.address)
-    # No access log: a stream's URL may carry its token (?token=).
-    # Open streams would hold a graceful shutdown forever: they get GRACE_S to end.
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        access_log=False,
-        log_level="warning",
-        timeout_graceful_shutdown=GRACE_S,
-    )
+    listener = Listener(home, host, port)
+    stop = threading.Event()
+    # Only a flag: uvicorn installs its own handlers while it serves, then puts these back
+    # and raises the signal it caught again, which lands here: the state file is removed
+    # and the exit code is 0, not death by SIGTERM.
+    for signum in (SIGINT, SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        sock = listener.open(stop)
+        if sock is None:  # stopped while retrying
+            return 0
+        gateway = Gateway(
+            home, address=address, key_file=key_file, server_key=server_key, timeout=timeout
+        )
+        app = build_app(gateway, (host, port))
+        log.info("relay http on http://%s/ for the router at %s", listener.address, gateway.address)
+        # No access log: a stream's URL may carry its token (?token=).
+        # Open streams would hold a graceful shutdown forever: they get GRACE_S to end.
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            access_log=False,
+            log_level="warning",
+            timeout_graceful_shutdown=GRACE_S,
+        )
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        listener.close()
     return 0

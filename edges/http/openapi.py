@@ -1,10 +1,16 @@
 """The OpenAPI 3.1 document served at /openapi.json, built from one table of operations
-(pure). A test checks that every route of the app is in it and nothing else."""
+(pure). Tests check that every route of the app is in it and nothing else, and that
+real answers validate against it (openapi-core, tests/edges_harness.py).
+
+Response schemas list the fields a client may rely on as ``required`` and leave objects
+open (no ``additionalProperties: false``): a newer router may add fields, and a
+generated client must not break on them."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from broker.config import DEFAULT_CONFIG
 from edges.http.errors import STATUS_BY_CODE
 
 _OBJ = {"type": "object"}
@@ -25,17 +31,92 @@ def _param(name: str, where: str, description: str, schema: dict | None = None) 
     }
 
 
+def _object(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
+    """An open object whose listed properties are all there unless ``required`` says."""
+    return {
+        "type": "object",
+        "required": list(properties) if required is None else required,
+        "properties": properties,
+    }
+
+
+def _list(items: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": items}
+
+
+def _nullable(kind: str) -> dict[str, Any]:
+    return {"type": [kind, "null"]}
+
+
+def _json_type(value: Any) -> dict[str, Any]:
+    """The JSON type of a default setting (bool before int: a bool is an int)."""
+    kinds = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"))
+    kinds += ((list, "array"), (dict, "object"))
+    return {"type": next(name for kind, name in kinds if isinstance(value, kind))}
+
+
+_STRING = {"type": "string"}
+_BOOL = {"type": "boolean"}
+_COUNT = {"type": "integer", "minimum": 0}
+_MS = {"type": "integer", "minimum": 0, "description": "unix milliseconds"}
+_ID = {"type": "string", "description": "a message id (ULID)"}
+_HASH = {"type": "string", "description": "endpoint hash (12 hex characters) or _unroutable"}
+_REMOVED = _object({"removed": _BOOL})
+# The stream's media type; its events are described in docs/http.md.
+_EVENTS = {"text/event-stream": {"schema": _STRING}}
+
 SUBJECT = _param("subject", "path", "a concrete endpoint subject, e.g. relay.agent.demo.backend")
 MESSAGE_ID = _param("id", "path", "a message id (ULID)")
 ENDPOINT_Q = _param("endpoint", "query", "endpoint hash or subject")
 
-# (method, path, summary, parameters, request body schema or None, success status)
-OPERATIONS: list[tuple[str, str, str, list[dict], dict | None, int]] = [
-    ("post", "/api/publish", "Publish a message", [], _ref("PublishRequest"), 200),
-    ("post", "/api/signals", "Send an ephemeral signal", [], _ref("SignalRequest"), 200),
-    ("get", "/api/endpoints", "Endpoints with depth, pressure and breaker state", [], None, 200),
-    ("post", "/api/endpoints", "Register an endpoint", [], _ref("RegisterRequest"), 201),
-    ("delete", "/api/endpoints/{subject}", "Unregister (mail is kept)", [SUBJECT], None, 200),
+# (method, path, summary, parameters, request body schema or None, success status(es),
+# success body schema)
+OPERATIONS: list[tuple[str, str, str, list[dict], dict | None, int | tuple[int, ...], dict]] = [
+    (
+        "post",
+        "/api/publish",
+        "Publish a message",
+        [],
+        _ref("PublishRequest"),
+        200,
+        _ref("PublishResult"),
+    ),
+    (
+        "post",
+        "/api/signals",
+        "Send an ephemeral signal",
+        [],
+        _ref("SignalRequest"),
+        200,
+        _object({"sent": {"const": True}}),
+    ),
+    (
+        "get",
+        "/api/endpoints",
+        "Endpoints with depth, pressure and breaker state",
+        [],
+        None,
+        200,
+        _object({"endpoints": _list(_ref("EndpointStatus"))}),
+    ),
+    (
+        "post",
+        "/api/endpoints",
+        "Register an endpoint: 201 when made now, 200 when it was registered already",
+        [],
+        _ref("RegisterRequest"),
+        (201, 200),
+        _ref("EndpointInfo"),
+    ),
+    (
+        "delete",
+        "/api/endpoints/{subject}",
+        "Unregister (mail is kept)",
+        [SUBJECT],
+        None,
+        200,
+        _REMOVED,
+    ),
     (
         "get",
         "/api/endpoints/{subject}/inbox",
@@ -47,10 +128,35 @@ OPERATIONS: list[tuple[str, str, str, list[dict], dict | None, int]] = [
         ],
         None,
         200,
+        _object({"messages": _list(_ref("HeldMessage"))}),
     ),
-    ("get", "/api/endpoints/{subject}/pending", "Claimed, unanswered", [SUBJECT], None, 200),
-    ("post", "/api/messages/{id}/ack", "Ack a held message", [MESSAGE_ID, ENDPOINT_Q], _OBJ, 202),
-    ("post", "/api/messages/{id}/nack", "Nack a held message", [MESSAGE_ID], _ref("Nack"), 202),
+    (
+        "get",
+        "/api/endpoints/{subject}/pending",
+        "Claimed, unanswered",
+        [SUBJECT],
+        None,
+        200,
+        _object({"items": _list(_ref("MessageCopy"))}),
+    ),
+    (
+        "post",
+        "/api/messages/{id}/ack",
+        "Ack a held message",
+        [MESSAGE_ID, ENDPOINT_Q],
+        _OBJ,
+        202,
+        _ref("Answer"),
+    ),
+    (
+        "post",
+        "/api/messages/{id}/nack",
+        "Nack a held message",
+        [MESSAGE_ID],
+        _ref("Nack"),
+        202,
+        _ref("Answer"),
+    ),
     (
         "post",
         "/api/messages/{id}/requeue",
@@ -58,6 +164,7 @@ OPERATIONS: list[tuple[str, str, str, list[dict], dict | None, int]] = [
         [MESSAGE_ID],
         _ref("EndpointRequest"),
         200,
+        _object({"id": _ID, "requeued": {"type": "boolean"}}),
     ),
     (
         "get",
@@ -66,8 +173,17 @@ OPERATIONS: list[tuple[str, str, str, list[dict], dict | None, int]] = [
         [ENDPOINT_Q, _param("limit", "query", "1-1000", {"type": "integer"})],
         None,
         200,
+        _object({"items": _list(_ref("MessageCopy"))}),
     ),
-    ("delete", "/api/dead-letters", "Operators: purge dead letters", [ENDPOINT_Q], None, 200),
+    (
+        "delete",
+        "/api/dead-letters",
+        "Operators: purge dead letters",
+        [ENDPOINT_Q],
+        None,
+        200,
+        _object({"purged": _COUNT}),
+    ),
     (
         "post",
         "/api/dead-letters/{id}/republish",
@@ -75,10 +191,37 @@ OPERATIONS: list[tuple[str, str, str, list[dict], dict | None, int]] = [
         [MESSAGE_ID],
         _ref("EndpointRequest"),
         200,
+        _object(
+            {"republished": _ID, "subject": _STRING, "result": _ref("PublishResult")},
+        ),
     ),
-    ("get", "/api/trace/{id}", "Every copy of a message, state and times", [MESSAGE_ID], None, 200),
-    ("get", "/api/rules", "Access rules", [], None, 200),
-    ("post", "/api/rules", "Operators: add an access rule", [], _ref("Rule"), 201),
+    (
+        "get",
+        "/api/trace/{id}",
+        "Every copy of a message, state and times",
+        [MESSAGE_ID],
+        None,
+        200,
+        _object({"id": _ID, "copies": _list(_ref("MessageCopy"))}),
+    ),
+    (
+        "get",
+        "/api/rules",
+        "Access rules",
+        [],
+        None,
+        200,
+        _object({"rules": _list(_ref("Rule"))}),
+    ),
+    (
+        "post",
+        "/api/rules",
+        "Operators: add an access rule",
+        [],
+        _ref("Rule"),
+        201,
+        _ref("Rule"),
+    ),
     (
         "delete",
         "/api/rules",
@@ -86,10 +229,19 @@ OPERATIONS: list[tuple[str, str, str, list[dict], dict | None, int]] = [
         [_param("from", "query", "from pattern"), _param("to", "query", "to pattern")],
         None,
         200,
+        _REMOVED,
     ),
-    ("get", "/api/config", "Reliability settings", [], None, 200),
-    ("patch", "/api/config", "Operators: change settings (a partial)", [], _OBJ, 200),
-    ("get", "/api/status", "Processes, clients, endpoints", [], None, 200),
+    ("get", "/api/config", "Reliability settings", [], None, 200, _ref("Config")),
+    (
+        "patch",
+        "/api/config",
+        "Operators: change settings (a partial)",
+        [],
+        _OBJ,
+        200,
+        _ref("Config"),
+    ),
+    ("get", "/api/status", "Processes, clients, endpoints", [], None, 200, _ref("Status")),
     (
         "get",
         "/api/stream",
@@ -108,15 +260,18 @@ OPERATIONS: list[tuple[str, str, str, list[dict], dict | None, int]] = [
         ],
         None,
         200,
+        _EVENTS,
     ),
 ]
 
 SCHEMAS: dict[str, Any] = {
     "Error": {
         "type": "object",
+        "required": ["error"],
         "properties": {
             "error": {
                 "type": "object",
+                "required": ["code", "message"],
                 "properties": {
                     "code": {"type": "string", "enum": sorted(STATUS_BY_CODE)},
                     "message": {"type": "string"},
@@ -175,16 +330,176 @@ SCHEMAS: dict[str, Any] = {
             "priority": {"type": "integer"},
         },
     },
+    # ------------------------------------------------------------------ answers
+    "Budget": _object(
+        {
+            "hopCount": _COUNT,
+            "maxHops": _COUNT,
+            "ancestorChain": _list(_STRING),
+            "ttl": _MS,
+            "callBudgetRemaining": {"type": "integer"},
+        }
+    ),
+    "Envelope": _object(
+        {
+            "id": _ID,
+            "subject": _STRING,
+            "from": _STRING,
+            "replyTo": _nullable("string"),
+            "budget": _ref("Budget"),
+            "createdAt": _MS,
+            "payload": {"description": "any JSON value"},
+            "publishedTo": {**_STRING, "description": "the pattern published to, if not subject"},
+            "republishedFrom": {**_ID, "description": "the dead letter this publishes again"},
+        },
+        ["id", "subject", "from", "replyTo", "budget", "createdAt", "payload"],
+    ),
+    "HeldMessage": {
+        "allOf": [_ref("Envelope"), _object({"endpoint": _HASH})],
+        "description": "an envelope held for you until ack or nack, and its endpoint",
+    },
+    "PublishResult": _object(
+        {
+            "messageId": _ID,
+            "deliveredTo": {**_COUNT, "description": "how many endpoints stored a copy"},
+            "rejected": _list(
+                {
+                    "type": "array",
+                    "prefixItems": [_HASH, {"type": "string", "description": "reason"}],
+                    "minItems": 2,
+                    "maxItems": 2,
+                    "description": '[endpoint hash or "*", reason]',
+                }
+            ),
+            "mailboxPressure": {"type": "object", "additionalProperties": {"type": "number"}},
+            "details": {"type": "object", "additionalProperties": _STRING},
+        }
+    ),
+    "EndpointInfo": _object(
+        {
+            "subject": _STRING,
+            "hash": _HASH,
+            "maildirPath": _STRING,
+            "registeredAt": _MS,
+            "shared": _BOOL,
+        }
+    ),
+    "Breaker": _object(
+        {
+            "state": {"enum": ["closed", "open", "half_open"]},
+            "failures": _COUNT,
+            "reopensInMs": _COUNT,
+        },
+        ["state"],
+    ),
+    "EndpointStatus": {
+        "allOf": [
+            _ref("EndpointInfo"),
+            _object(
+                {
+                    "depth": {**_COUNT, "description": "messages waiting in new/"},
+                    "pressure": {"type": "number", "minimum": 0},
+                    "breaker": _ref("Breaker"),
+                }
+            ),
+        ]
+    },
+    "Answer": _object(
+        {
+            "id": _ID,
+            "endpoint": _HASH,
+            "answer": {"enum": ["ack", "nack"]},
+        }
+    ),
+    "MessageCopy": _object(
+        {
+            "id": _ID,
+            "endpoint": _HASH,
+            "subject": _STRING,
+            "endpointSubject": _nullable("string"),
+            "from": _STRING,
+            "state": {"enum": ["new", "claimed", "done", "failed"]},
+            "createdAt": _MS,
+            "storedAt": _nullable("integer"),
+            "claimedAt": _nullable("integer"),
+            "finishedAt": _nullable("integer"),
+            "reason": _nullable("string"),
+            "code": _nullable("string"),
+            "size": _nullable("integer"),
+            "envelope": {
+                "type": "object",
+                "description": "the message file (an envelope, plus deadLetter when failed)",
+            },
+        },
+        ["id", "endpoint", "subject", "endpointSubject", "from", "state", "createdAt"],
+    ),
+    "Config": _object(
+        {
+            section: {
+                "type": "object",
+                "properties": {key: _json_type(value) for key, value in keys.items()},
+            }
+            for section, keys in DEFAULT_CONFIG.items()
+        }
+    ),
+    "Status": _object(
+        {
+            "router": _object(
+                {
+                    "pid": {"type": "integer"},
+                    "startedAt": _MS,
+                    "address": _STRING,
+                    "signals": _STRING,
+                }
+            ),
+            "shards": {"type": "integer", "minimum": 1},
+            "writers": _list(
+                _object(
+                    {
+                        "shard": _COUNT,
+                        "pid": _nullable("integer"),
+                        "state": {"enum": ["up", "starting", "down"]},
+                        "since": _nullable("integer"),
+                    }
+                )
+            ),
+            "clients": _COUNT,
+            "subscriptions": _COUNT,
+            "pendingRequests": _COUNT,
+            "endpoints": _list(_ref("EndpointStatus")),
+            "unroutable": _COUNT,
+            "fileErrors": {"type": "object", "additionalProperties": _STRING},
+            "federation": {"type": "object"},
+            "edges": _list(
+                _object(
+                    {
+                        "kind": _STRING,
+                        "pid": {"type": "integer"},
+                        "address": _STRING,
+                        "state": {"enum": ["listening", "retrying"]},
+                        "since": _MS,
+                        "error": _nullable("string"),
+                        "retryAt": _nullable("integer"),
+                    }
+                )
+            ),
+        },
+        ["router", "shards", "writers", "clients", "subscriptions", "endpoints"],
+    ),
 }
 
 
-def _operation(summary: str, params: list, body: dict | None, ok: int) -> dict[str, Any]:
+def _operation(
+    summary: str, params: list, body: dict | None, ok: int | tuple[int, ...], answer: dict
+) -> dict[str, Any]:
     error = {"content": {"application/json": {"schema": _ref("Error")}}}
+    content = answer if answer is _EVENTS else {"application/json": {"schema": answer}}
+    done = {"description": "done", "content": content}
     op: dict[str, Any] = {
         "summary": summary,
         "parameters": params,
         "responses": {
-            str(ok): {"description": "done"},
+            **{str(status): done for status in (ok if isinstance(ok, tuple) else (ok,))},
             "4XX": {"description": "refused, with a Relay error code", **error},
             "5XX": {"description": "the broker could not answer", **error},
         },
@@ -196,8 +511,8 @@ def _operation(summary: str, params: list, body: dict | None, ok: int) -> dict[s
 
 def document(version: str) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
-    for method, path, summary, params, body, ok in OPERATIONS:
-        paths.setdefault(path, {})[method] = _operation(summary, params, body, ok)
+    for method, path, summary, params, body, ok, answer in OPERATIONS:
+        paths.setdefault(path, {})[method] = _operation(summary, params, body, ok, answer)
     return {
         "openapi": "3.1.0",
         "info": {

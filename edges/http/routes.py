@@ -20,7 +20,7 @@ from edges.http.streams import MODES, Stream
 from sdk.errors import EndpointNotFound, InvalidMessage, MessageNotFound, PayloadTooLarge
 from sdk.ids import check_id
 from sdk.subjects import validate
-from sdk.types import AccessRule, Budget, Signal
+from sdk.types import AccessRule, Budget, PublishResult, Signal
 
 MAX_WAIT_S = 30.0
 # A request body larger than this is refused before it is read whole: the router's own
@@ -144,11 +144,16 @@ async def list_endpoints(request: Request) -> Response:
 async def register_endpoint(request: Request) -> Response:
     session = await session_of(request)
     body = await json_body(request)
-    subject = field(body, "subject", str)
-    info = await session.client.register_endpoint(
-        subject, shared=field(body, "shared", bool, required=False)
-    )
-    return JSONResponse(info.to_wire(), status_code=201)
+    fields: dict[str, Any] = {"subject": validate(field(body, "subject", str))}
+    shared = field(body, "shared", bool, required=False)
+    if shared is not None:
+        fields["shared"] = shared
+    # The protocol's request, not the SDK's register_endpoint: its EndpointInfo drops
+    # `created`, which says 201 (made now) from 200 (it was there). The client's own
+    # deadline ends the future.
+    info = await asyncio.wrap_future(session.client.sync.send_request("register", **fields))
+    created = bool(info.pop("created", True))
+    return JSONResponse(info, status_code=201 if created else 200)
 
 
 async def unregister_endpoint(request: Request) -> Response:
@@ -238,9 +243,12 @@ async def purge_dead_letters(request: Request) -> Response:
 
 
 async def republish_dead_letter(request: Request) -> Response:
-    """Publish a dead letter's payload again to its endpoint, as its sender (the router
-    checks that this identity may send as it): a new message with a fresh budget. The
-    router has no requeue of a failed copy; the dead letter stays until purged."""
+    """Publish a dead letter's payload again, as its sender (the router checks that this
+    identity may send as it): a new message with a fresh budget and ``republishedFrom``
+    set to the dead letter's id. It goes to the endpoint it failed in, or, for an
+    ``_unroutable`` one (or one whose endpoint was unregistered since), to the subject it
+    was published to. The router has no requeue of a failed copy; the dead letter stays
+    until purged."""
     session = await session_of(request)
     body = await json_body(request)
     message_id = check_id(request.path_params["id"], "message id")
@@ -252,13 +260,21 @@ async def republish_dead_letter(request: Request) -> Response:
     envelope = letter.get("envelope") or {}
     if "payload" not in envelope:
         raise InvalidMessage(f"dead letter {message_id} has no readable envelope to republish")
-    result = await session.client.publish(
-        letter["endpointSubject"],
-        envelope["payload"],
-        sender=letter["from"],
-        reply_to=envelope.get("replyTo"),
+    fields: dict[str, Any] = {
+        "subject": letter["endpointSubject"] or letter["subject"],
+        "from": letter["from"],
+        "payload": envelope["payload"],
+        "republishedFrom": message_id,
+    }
+    if envelope.get("replyTo") is not None:
+        fields["replyTo"] = envelope["replyTo"]
+    # The protocol's request: the SDK's publish has no republishedFrom. The client's
+    # own deadline ends the future.
+    raw = await asyncio.wrap_future(session.client.sync.send_request("publish", **fields))
+    result = PublishResult.from_wire(raw)
+    return JSONResponse(
+        {"republished": message_id, "subject": fields["subject"], "result": result.to_wire()}
     )
-    return JSONResponse({"republished": message_id, "result": result.to_wire()})
 
 
 # ---------------------------------------------------------------------- administration
@@ -266,7 +282,10 @@ async def republish_dead_letter(request: Request) -> Response:
 
 async def trace(request: Request) -> Response:
     session = await session_of(request)
-    return JSONResponse(await session.client.trace(check_id(request.path_params["id"], "id")))
+    found = await session.client.trace(check_id(request.path_params["id"], "id"))
+    if not found["copies"]:  # none stored, or none this identity may see
+        raise MessageNotFound(f"no copy of message {found['id']} that you may see")
+    return JSONResponse(found)
 
 
 async def list_rules(request: Request) -> Response:

@@ -70,12 +70,24 @@ async function refreshEndpoints() {
     cell(row, e.subject);
     cell(row, e.hash, "mono");
     cell(row, e.depth, "depth num");
-    const percent = e.pressure * 100;
-    const shown = percent > 0 && percent < 10 ? percent.toFixed(1) : Math.round(percent);
-    const pressure = cell(row, `${shown}%`, "pressure num");
-    pressure.style.setProperty("--pressure", `${Math.min(100, e.pressure * 100)}%`);
+    pressureCell(row, e.pressure);
     cell(row, e.breaker.state, `breaker ${e.breaker.state}`);
   }
+}
+
+// A mailbox's fill as a bar and a number. Any pressure above 0 gets at least a sliver
+// of bar (min-width in console.css): 1 of 1,000 waiting is 0.1 %, which would be a
+// fraction of a pixel, and the bar is there to say "something waits".
+function pressureCell(row, ratio) {
+  const percent = ratio * 100;
+  const shown = percent > 0 && percent < 10 ? percent.toFixed(1) : Math.round(percent);
+  const td = cell(row, "", "pressure num");
+  const bar = document.createElement("span");
+  bar.className = "bar";
+  const fill = document.createElement("span");
+  fill.style.width = `${Math.min(100, percent)}%`;
+  if (percent > 0) bar.append(fill);
+  td.append(bar, ` ${shown}%`);
 }
 
 // ------------------------------------------------------------------ live stream
@@ -184,19 +196,27 @@ async function refreshDeadLetters() {
     const row = body.insertRow();
     row.dataset.id = d.id;
     row.dataset.endpoint = d.endpoint;
-    const id = cell(row, d.id, "mono link");
+    const id = line(d.id, "link");
     id.addEventListener("click", () => showTrace(d.id));
-    cell(row, d.endpointSubject || d.endpoint);
-    cell(row, d.from);
+    cell(row, "", "mono").append(id, line(time(d.finishedAt), "meta time"));
+    cell(row, d.endpointSubject || d.endpoint).append(line(`from ${d.from}`, "meta"));
     cell(row, d.code, "code");
-    cell(row, d.reason);
-    cell(row, time(d.finishedAt), "time");
+    const reason = cell(row, "", "reason");
+    reason.append(line(d.reason, "clamp"));
+    reason.title = d.reason || "";
     const actions = row.insertCell();
     actions.append(
       button("Republish", "republish", () => republish(d)),
       button("Purge endpoint", "purge danger", () => purge(d.endpoint, d.endpointSubject)),
     );
   }
+}
+
+function line(text, className) {
+  const div = document.createElement("div");
+  div.className = className;
+  div.textContent = text || "";
+  return div;
 }
 
 function button(label, className, onClick) {
@@ -231,7 +251,7 @@ function purge(endpoint, subject) {
 function republish(letter) {
   return operator(
     () => api("POST", `/api/dead-letters/${letter.id}/republish`, { endpoint: letter.endpoint }),
-    (r) => `republished as ${r.result.messageId} (delivered to ${r.result.deliveredTo})`,
+    (r) => `republished to ${r.subject} as ${r.result.messageId} (stored in ${r.result.deliveredTo})`,
   );
 }
 
