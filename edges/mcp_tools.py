@@ -1,7 +1,8 @@
 """The MCP tools of `relay mcp`, as data: names, one-line descriptions, JSON schemas.
 
-No I/O here. The names and parameters are DESIGN's (compatible with DorkOS's tools, so
-an agent prompted for one works with the other); edges.mcp_server carries them out.
+No I/O here. The names and parameters are public (docs/design.md, "The public
+surface"; compatible with DorkOS's tools, so an agent prompted for one works with the
+other); edges.mcp_server carries them out.
 This module also holds the pure rules the server applies around them: argument
 checking, how a result and a refusal read, and the budget an agent's message carries.
 """
@@ -204,7 +205,7 @@ def as_text(data: Any) -> str:
 
 
 def error_text(code: str, message: str) -> str:
-    """A refusal: the Relay code first, then the sentence (DESIGN, "Edges")."""
+    """A refusal: the Relay code first, then the sentence (docs/mcp.md, "Tools")."""
     return f"{code}: {message}"
 
 

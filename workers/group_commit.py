@@ -53,7 +53,7 @@ def deliver_batch(
     """Store many messages with one flush: per item its stored_at (ms) or the error
     (StorageError; InvalidMessage for an id that is not a ULID).
 
-    Why syncfs (DESIGN.md, "The disk, measured"): fsyncing 100 files one by one does not
+    Why syncfs (docs/design.md, "The disk, measured"): fsyncing 100 files one by one does not
     merge the flushes (≈ 5,900 msg/s, the same as one at a time) while one syncfs for
     the batch does (≈ 16,000 msg/s raw). The renames are made durable by one fsync per
     target directory (a rename is durable only once its directory is fsynced, ≈ 110 µs

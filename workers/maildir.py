@@ -62,9 +62,9 @@ duplicate inside one batch fails alone). rename(2) replaces an existing target: 
 unique per copy (one id per message, one file per endpoint) and Relay never retries a
 delivery by itself, so the router never sends a second copy of one id to one mailbox.
 
-Deletes stay off the hot path (DESIGN.md: creating files where many were just deleted
-costs ~1 ms each on this ext4): finished files stay in cur/ and failed/ until
-compaction removes them in bulk.
+Deletes stay off the hot path (docs/design.md, "The disk, measured": creating files
+where many were just deleted costs ~1 ms each on this ext4): finished files stay in cur/
+and failed/ until compaction removes them in bulk.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ DELIVER_FAULTS = (AFTER_TMP_WRITE, AFTER_SYNC, AFTER_RENAME)
 class Mailbox:
     """One endpoint's Maildir: ``root`` is ``mailboxes/<hash>``, ``endpoint`` its hash.
 
-    One writer owns each mailbox (DESIGN.md invariant 1), so the names of the files it
+    One writer owns each mailbox (docs/design.md invariant 1), so the names of the files it
     claimed are remembered here to complete or fail them without listing cur/; a miss
     (after a restart, or a file moved by hand) falls back to a scan of cur/.
     """

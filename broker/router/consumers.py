@@ -2,7 +2,7 @@
 
 Subscriptions belong to live client sessions and to nothing else: they are never
 persisted, so a restart cannot bring back a subscription that consumes mail on
-nobody's behalf (the mistake DESIGN.md records). A session ends when its client says
+nobody's behalf (a mistake docs/design.md records). A session ends when its client says
 ``bye``, when a push to it finds no peer, or when it stays silent longer than
 `SESSION_TIMEOUT_MS` (SDK clients with subscriptions send a ping every second).
 
