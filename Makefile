@@ -26,7 +26,8 @@ clients:
 browser:
 	sh edges/setup-browser.sh
 
-test: $(STAMP) clients browser
+# Lint first: a lint or type error fails `make test`, and so CI (.ci/run).
+test: lint clients browser
 	$(BIN)/pytest -n auto --dist loadfile
 
 # The model test of delivery for long (docs/testing.md): DURATION seconds (default 600)
@@ -40,12 +41,15 @@ soak-ledger: $(STAMP)
 	RELAY_LEDGER_EXAMPLES=$(or $(EXAMPLES),50000) $(BIN)/pytest -s -q -p no:cacheprovider \
 		--timeout=0 tests/test_delivery_model.py
 
+# ruff's rules and formatting over the tree; mypy over sdk/ (pyproject.toml [tool.mypy]).
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis
