@@ -29,7 +29,7 @@ from typing import Literal
 
 from sdk.errors import InvalidMessage, StorageError
 from sdk.ids import is_id
-from workers.faults import fault_point
+from workers.faults import AFTER_DIR_SYNC, AFTER_RENAME, AFTER_SYNC, AFTER_TMP_WRITE, fault_point
 from workers.filenames import format_name
 from workers.fsio import (
     FILE_MODE,
@@ -41,7 +41,7 @@ from workers.fsio import (
     unlink_quiet,
     write_all,
 )
-from workers.maildir import AFTER_DIR_SYNC, AFTER_RENAME, AFTER_SYNC, AFTER_TMP_WRITE, Mailbox
+from workers.maildir import Mailbox
 from workers.syncfs import syncfs
 
 Target = Literal["new", "cur", "failed"]  # cur: stored already claimed
