@@ -512,7 +512,7 @@ def write_outputs(doc: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ops.session import spark_session
+    from ops.spark_session import spark_session
 
     home = Home(args.home)
     progress = Progress(enabled=not args.quiet)

@@ -26,7 +26,7 @@ from ops import archive as archive_mod
 from ops.compact import CompactOptions, compact
 from ops.live import all_rows, day_of, open_indexes
 from ops.sample import Spec, endpoint_subject, generate
-from ops.session import spark_session
+from ops.spark_session import spark_session
 from sdk.paths import Home
 from tests.harness import ROOT, Broker, wait_for
 from workers.records import MessageRecord, State

@@ -26,7 +26,7 @@ from ops.compact import CompactOptions, compact
 from ops.live import INDEX_SCHEMA, REJECTION_SCHEMA
 from ops.metrics import _spark_schema, dead_letters, depth, latency, rejections, write_outputs
 from ops.sample import Spec, generate
-from ops.session import spark_session
+from ops.spark_session import spark_session
 from sdk.paths import UNROUTABLE, Home
 from workers.records import State
 
