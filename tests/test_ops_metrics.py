@@ -1,7 +1,7 @@
 """Metrics on a real local SparkSession: every number checked against the ground truth.
 
-The data directory holds generated history (ops/sample.py) of which part is archived by
-a compaction stopped right after its first commit, so that some copies are both archived
+The data directory holds generated history (tests/ops_sample.py) of which part is archived
+by a compaction stopped right after its first commit, so that some copies are both archived
 and still live (the metrics must count them once), plus rejection counts recorded by the
 router's recorder, some old enough to be archived. The report is produced through the
 command line entry (`relay ops metrics`) and its JSON is compared with counts computed
@@ -25,9 +25,9 @@ from cli.main import main as relay_main
 from ops.compact import CompactOptions, compact
 from ops.live import INDEX_SCHEMA, REJECTION_SCHEMA
 from ops.metrics import _spark_schema, dead_letters, depth, latency, rejections, write_outputs
-from ops.sample import Spec, generate
 from ops.spark_session import spark_session
 from sdk.paths import UNROUTABLE, Home
+from tests.ops_sample import Spec, generate
 from workers.records import State
 
 pytestmark = pytest.mark.spark
