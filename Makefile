@@ -35,11 +35,11 @@ test: lint clients browser
 soak: $(STAMP)
 	$(BIN)/python -m tests.model.soak
 
-# The delivery ledger against its model, in process (tests/test_delivery_model.py):
+# The delivery ledger against its model, in process (tests/test_ledger_model.py):
 # EXAMPLES sequences (default 50,000, about 15 minutes).
 soak-ledger: $(STAMP)
 	RELAY_LEDGER_EXAMPLES=$(or $(EXAMPLES),50000) $(BIN)/pytest -s -q -p no:cacheprovider \
-		--timeout=0 tests/test_delivery_model.py
+		--timeout=0 tests/test_ledger_model.py
 
 # ruff's rules and formatting over the tree; mypy over sdk/ (pyproject.toml [tool.mypy]).
 lint: $(STAMP)
