@@ -28,7 +28,8 @@ clients:
 browser:
 	sh edges/setup-browser.sh
 
-test: $(STAMP) clients browser
+# Lint first: a lint or type error fails `make test`, and so CI (.ci/run).
+test: lint clients browser
 	$(BIN)/pytest -n auto --dist loadfile
 
 # The model test of delivery for long (docs/testing.md): DURATION seconds (default 600)
@@ -36,18 +37,21 @@ test: $(STAMP) clients browser
 soak: $(STAMP)
 	$(BIN)/python -m tests.model.soak
 
-# The delivery ledger against its model, in process (tests/test_delivery_model.py):
+# The delivery ledger against its model, in process (tests/test_ledger_model.py):
 # EXAMPLES sequences (default 50,000, about 15 minutes).
 soak-ledger: $(STAMP)
 	RELAY_LEDGER_EXAMPLES=$(or $(EXAMPLES),50000) $(BIN)/pytest -s -q -p no:cacheprovider \
-		--timeout=0 tests/test_delivery_model.py
+		--timeout=0 tests/test_ledger_model.py
 
+# ruff's rules and formatting over the tree; mypy over sdk/ (pyproject.toml [tool.mypy]).
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis

@@ -493,9 +493,9 @@ class RawPipeline:
     """(e) Relay's process shape with no Relay code: client -> middle -> two writers ->
     middle -> client over ipc://, each writer doing only the durable work (see
     _pipe_writer) and one index transaction per group commit (no policy, no JSON, no
-    SDK threads). What "durable" (DESIGN.md: flushed, renamed, indexed) costs through
-    four ipc hops and three kinds of process on this machine: the floor of the
-    architecture, for the 1-in-flight, 100-in-flight and handler rows."""
+    SDK threads). What "durable" (docs/design.md invariant 3: flushed, renamed, indexed)
+    costs through four ipc hops and three kinds of process on this machine: the floor of
+    the architecture, for the 1-in-flight, 100-in-flight and handler rows."""
 
     def __init__(self, base: Path) -> None:
         client_address = f"ipc://{base}/raw-pipe-in.sock"

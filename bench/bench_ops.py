@@ -384,7 +384,7 @@ def _size(n: int) -> str:
 
 
 def rows(rounds: int = 1) -> list[Row]:
-    from ops.session import spark_session
+    from ops.spark_session import spark_session
 
     t0 = time.perf_counter()
     spark = spark_session(None, "relay-bench-ops")

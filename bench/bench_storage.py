@@ -4,7 +4,7 @@ beside the bare loop it is built on.
 Run on a real disk (a temp dir under /work, or $RELAY_BENCH_DIR; never tmpfs, where
 fsync is free and every figure would lie). Every round writes into fresh directories:
 on this non-journalled ext4, creating files where many were just deleted costs about
-1 ms each (DESIGN.md, "The disk, measured"), which would swamp what is measured.
+1 ms each (docs/design.md, "The disk, measured"), which would swamp what is measured.
 
 - maildir batch delivery: `deliver_batch`, batches of 100 over 4 mailboxes, against
   (a) the bare one-at-a-time loop open/write/fsync/rename/fsync(dir) that it must beat,

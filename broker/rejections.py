@@ -1,7 +1,8 @@
 """Counts of the router's reliability rejections, kept for `relay ops metrics`.
 
 A publish refused by the rate limiter, backpressure or an open circuit writes nothing
-(it is not a dead letter, DESIGN.md), so without this log nothing would remember it.
+(it is not a dead letter: docs/design.md, "Concepts"), so without this log nothing
+would remember it.
 Budget and access rejections need no log: they are dead letters, counted from the index
 and the archive by their code.
 

@@ -1,5 +1,5 @@
 """Commands that run an edge: a process that speaks to the world outside in another
-protocol and is an SDK client of the router (DESIGN.md, "Edges"): `relay mcp`,
+protocol and is an SDK client of the router (docs/design.md, "Processes"): `relay mcp`,
 `relay http`, and `relay bridge`, the link to other hosts over NATS JetStream
 (docs/federation.md)."""
 

@@ -2,8 +2,9 @@
 their arguments and of their results (``outputSchema``: a result is also returned as
 ``structuredContent``, MCP 2025-06-18 and later, beside the JSON text).
 
-No I/O here. The names and parameters are DESIGN's (compatible with DorkOS's tools, so
-an agent prompted for one works with the other); edges.mcp_server carries them out.
+No I/O here. The names and parameters are public (docs/design.md, "The public
+surface"; compatible with DorkOS's tools, so an agent prompted for one works with the
+other); edges.mcp_server carries them out.
 This module also holds the pure rules the server applies around them: argument
 checking, how a result and a refusal read, and the budget an agent's message carries.
 """
@@ -301,7 +302,7 @@ def as_text(data: Any) -> str:
 
 
 def error_text(code: str, message: str) -> str:
-    """A refusal: the Relay code first, then the sentence (DESIGN, "Edges")."""
+    """A refusal: the Relay code first, then the sentence (docs/mcp.md, "Tools")."""
     return f"{code}: {message}"
 
 

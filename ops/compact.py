@@ -348,7 +348,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ops.session import spark_session
+    from ops.spark_session import spark_session
 
     if args.batch_rows < 1 or args.vacuum_pages < 0:
         print("relay ops compact: --batch-rows must be >= 1, --vacuum-pages >= 0", file=sys.stderr)

@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -117,16 +118,100 @@ def collect(
     now_ms: int | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """The metrics document (see docs/ops.md for its fields)."""
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
-
+    """The metrics document (see docs/ops.md for its fields), stage by stage: the views,
+    then one function per part of the document, each a few Spark SQL queries over them."""
     progress = progress or Progress(enabled=False)
     started = time.monotonic()
     now = now_ms if now_ms is not None else int(time.time() * 1000)
     archive = Archive(spark, archive_location or os.fspath(home.archive))
 
     progress.update("read live")
+    views = register_views(spark, home, archive)
+    progress.update("totals")
+    total = totals(spark)
+    if bucket == "auto":
+        bucket = choose_bucket(total["first_created"], total["last_created"])
+    width = BUCKETS_MS[bucket]
+    progress.update("volume")
+    volume_rows = volume(spark, width)
+    progress.update("breakdowns")
+    subjects = endpoint_subjects(home)
+    by_subject, by_sender = by_subject_and_sender(spark, top)
+    by_endpoint_rows = by_endpoint(spark, subjects)
+    progress.update("latency")
+    latency_doc = latency(spark)
+    progress.update("dead letters")
+    dead = dead_letters(spark, top)
+    progress.update("rejections")
+    rejected = rejections(spark, dead["byCode"], width, top)
+    progress.update("depth")
+    depth_rows = depth(spark, subjects, now)
+    progress.done()
+    views.release()
+
+    return {
+        "generatedAt": now,
+        "generatedAtIso": _iso(now),
+        "home": os.fspath(home.root),
+        "archive": archive.uri,
+        "seconds": round(time.monotonic() - started, 3),
+        "sources": {
+            "live": views.live_rows,
+            "archived": total["archived"],
+            "overlap": views.overlap,
+        },
+        "range": {
+            "firstCreated": total["first_created"],
+            "lastCreated": total["last_created"],
+            "firstCreatedIso": _iso(total["first_created"]),
+            "lastCreatedIso": _iso(total["last_created"]),
+        },
+        "bucket": bucket,
+        "totals": {
+            "copies": total["copies"],
+            "messages": total["messages"],
+            "bytes": total["bytes"],
+            "byState": {s: total[s] for s in ("new", "claimed", "done", "failed")},
+        },
+        "volume": volume_rows,
+        "bySubject": by_subject,
+        "bySender": by_sender,
+        "byEndpoint": by_endpoint_rows,
+        "latency": latency_doc,
+        "deadLetters": {"total": total["failed"], **dead},
+        "rejections": rejected,
+        "depth": depth_rows,
+    }
+
+
+# ---------------------------------------------------------------------- the stages
+#
+# Each stage below queries the views `register_views` made (``messages``, ``live``,
+# ``rejections``) and returns its part of the document, so each can be run, and tested,
+# over views made by hand.
+
+
+@dataclass
+class Views:
+    """What `register_views` registered, and what to release once the stages ran."""
+
+    messages: Any  # the persisted ``messages`` frame
+    duplicates: Any | None  # the keys both archived and live, cached (None: no archive)
+    live_rows: int  # rows read from the shard indexes
+    overlap: int  # copies both archived and still live, counted once
+
+    def release(self) -> None:
+        self.messages.unpersist()
+        if self.duplicates is not None:
+            self.duplicates.unpersist()
+
+
+def register_views(spark, home: Home, archive: Archive) -> Views:
+    """The SQL views ``messages`` (every copy, live and archived, each once), ``live``
+    (the shard indexes now) and ``rejections`` (the router's counts)."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
     live, live_rows = _live_frame(spark, home)
     archived = archive.read(MESSAGES)
     overlap = 0
@@ -154,11 +239,13 @@ def collect(
     messages.createOrReplaceTempView("messages")
     live.createOrReplaceTempView("live")
     _rejections_frame(spark, home, archive).createOrReplaceTempView("rejections")
-    sql = spark.sql
+    return Views(messages, dup, live_rows, overlap)
 
-    progress.update("totals")
-    totals = (
-        sql(
+
+def totals(spark) -> dict[str, Any]:
+    """Copies, messages, copies per state and per source, bytes, first and last created."""
+    return (
+        spark.sql(
             """
         SELECT count(*) AS copies, count(DISTINCT id) AS messages,
                count_if(state = 'new') AS new, count_if(state = 'claimed') AS claimed,
@@ -172,13 +259,12 @@ def collect(
         .first()
         .asDict()
     )
-    if bucket == "auto":
-        bucket = choose_bucket(totals["first_created"], totals["last_created"])
-    width = BUCKETS_MS[bucket]
 
-    progress.update("volume")
-    volume = _rows(
-        sql(
+
+def volume(spark, width: int) -> list[dict[str, Any]]:
+    """Copies, messages, done and failed per bucket of ``width`` ms of creation time."""
+    rows = _rows(
+        spark.sql(
             f"""
             SELECT floor(created_at / {width}) * {width} AS bucket, count(*) AS copies,
                    count(DISTINCT id) AS messages, count_if(state = 'done') AS done,
@@ -187,13 +273,16 @@ def collect(
             """
         )
     )
-    for row in volume:
+    for row in rows:
         row["bucket"] = int(row["bucket"])
         row["start"] = _iso(row["bucket"])
+    return rows
 
-    progress.update("breakdowns")
+
+def by_subject_and_sender(spark, top: int) -> tuple[list[dict], list[dict]]:
+    """The ``top`` subjects (by copies) and senders (by messages), with their states."""
     by_subject = _rows(
-        sql(
+        spark.sql(
             f"""
             SELECT subject, count(*) AS copies, count(DISTINCT id) AS messages,
                    count_if(state = 'done') AS done, count_if(state = 'failed') AS failed,
@@ -203,7 +292,7 @@ def collect(
         )
     )
     by_sender = _rows(
-        sql(
+        spark.sql(
             f"""
             SELECT sender, count(DISTINCT id) AS messages, count(*) AS copies,
                    count_if(state = 'failed') AS failed
@@ -211,10 +300,15 @@ def collect(
             """
         )
     )
-    subjects = endpoint_subjects(home)
+    return by_subject, by_sender
+
+
+def by_endpoint(spark, subjects: dict[str, str]) -> list[dict[str, Any]]:
+    """Every endpoint's copies by state and its latency percentiles; ``subjects`` names
+    the registered ones (an endpoint no longer registered is shown by its hash)."""
     pcts = ", ".join(str(p) for p in PERCENTILES)
-    by_endpoint = _rows(
-        sql(
+    rows = _rows(
+        spark.sql(
             f"""
             SELECT endpoint, count(*) AS copies, count_if(state = 'done') AS done,
                    count_if(state = 'failed') AS failed, count_if(state = 'new') AS new,
@@ -225,22 +319,27 @@ def collect(
             """
         )
     )
-    for row in by_endpoint:
+    for row in rows:
         row["subject"] = subjects.get(row["endpoint"], row["endpoint"])
         row.update(_percentiles(row.pop("latency")))
+    return rows
 
-    progress.update("latency")
-    lat = sql(
+
+def latency(spark) -> dict[str, Any]:
+    """Stored -> done of every done copy: count, mean, min, max, exact percentiles, and
+    a histogram with `HISTOGRAM_STEPS` bins per power of ten (below 1 ms: one bin)."""
+    pcts = ", ".join(str(p) for p in PERCENTILES)
+    lat = spark.sql(
         f"""
         SELECT count(*) AS count, avg(l) AS mean, max(l) AS max, min(l) AS min,
                percentile(l, array({pcts})) AS p
         FROM (SELECT finished_at - stored_at AS l FROM messages WHERE state = 'done')
         """
     ).first()
-    latency = {"count": lat["count"], "mean": lat["mean"], "min": lat["min"], "max": lat["max"]}
-    latency.update(_percentiles(lat["p"]))
+    doc = {"count": lat["count"], "mean": lat["mean"], "min": lat["min"], "max": lat["max"]}
+    doc.update(_percentiles(lat["p"]))
     histogram = _rows(
-        sql(
+        spark.sql(
             f"""
             SELECT CASE WHEN l < 1 THEN -1 ELSE floor(log10(l) * {HISTOGRAM_STEPS}) END AS bin,
                    count(*) AS count
@@ -249,7 +348,7 @@ def collect(
             """
         )
     )
-    latency["histogram"] = [
+    doc["histogram"] = [
         {
             "fromMs": 0.0 if h["bin"] < 0 else 10 ** (h["bin"] / HISTOGRAM_STEPS),
             "toMs": 1.0 if h["bin"] < 0 else 10 ** ((h["bin"] + 1) / HISTOGRAM_STEPS),
@@ -257,16 +356,19 @@ def collect(
         }
         for h in histogram
     ]
+    return doc
 
-    progress.update("dead letters")
+
+def dead_letters(spark, top: int) -> dict[str, list[dict[str, Any]]]:
+    """Dead letters by code, the ``top`` (code, reason) pairs, and by endpoint and code."""
     by_code = _rows(
-        sql(
+        spark.sql(
             "SELECT reason_code AS code, count(*) AS count FROM messages WHERE state = 'failed' "
             "GROUP BY reason_code ORDER BY count DESC, code"
         )
     )
     top_reasons = _rows(
-        sql(
+        spark.sql(
             f"""
             SELECT reason_code AS code, reason, count(*) AS count FROM messages
             WHERE state = 'failed' GROUP BY reason_code, reason
@@ -275,22 +377,29 @@ def collect(
         )
     )
     dead_by_endpoint = _rows(
-        sql(
+        spark.sql(
             "SELECT endpoint, reason_code AS code, count(*) AS count FROM messages "
             "WHERE state = 'failed' GROUP BY endpoint, reason_code ORDER BY count DESC"
         )
     )
+    return {"byCode": by_code, "topReasons": top_reasons, "byEndpoint": dead_by_endpoint}
 
-    progress.update("rejections")
+
+def rejections(spark, dead_by_code: list[dict[str, Any]], width: int, top: int) -> dict:
+    """Every rejection of a publish by reason: the router's refusals (nothing stored) and
+    the dead letters made at publish time (``dead_by_code``, by `PUBLISH_CODES`); the
+    router's by endpoint (the ``top``) and per bucket of ``width`` ms."""
     router = {
         r["reason"]: r["count"]
-        for r in _rows(sql("SELECT reason, sum(count) AS count FROM rejections GROUP BY reason"))
+        for r in _rows(
+            spark.sql("SELECT reason, sum(count) AS count FROM rejections GROUP BY reason")
+        )
     }
     by_reason = [
         {"reason": reason, "category": reason, "source": "router", "count": int(n)}
         for reason, n in sorted(router.items())
     ]
-    for row in by_code:
+    for row in dead_by_code:
         if row["code"] in PUBLISH_CODES:
             by_reason.append(
                 {
@@ -302,25 +411,34 @@ def collect(
             )
     by_reason.sort(key=lambda r: (-r["count"], r["reason"]))
     rejections_by_endpoint = _rows(
-        sql(
+        spark.sql(
             "SELECT reason, endpoint, sum(count) AS count FROM rejections "
             f"GROUP BY reason, endpoint ORDER BY count DESC LIMIT {int(top)}"
         )
     )
-    rejections_over_time = _rows(
-        sql(
+    over_time = _rows(
+        spark.sql(
             f"SELECT floor(minute / {width}) * {width} AS bucket, reason, sum(count) AS count "
             "FROM rejections GROUP BY 1, 2 ORDER BY 1, 2"
         )
     )
-    for row in rejections_over_time:
+    for row in over_time:
         row["bucket"] = int(row["bucket"])
+    return {
+        "total": sum(r["count"] for r in by_reason),
+        "byReason": by_reason,
+        "byEndpoint": rejections_by_endpoint,
+        "overTime": over_time,
+    }
 
-    progress.update("depth")
+
+def depth(spark, subjects: dict[str, str], now: int) -> list[dict[str, Any]]:
+    """Each endpoint now (``live`` only): waiting in new/, claimed, the oldest waiting's
+    age at ``now``; every registered endpoint (``subjects``) is listed, even empty."""
     depth_rows = {
         r["endpoint"]: r
         for r in _rows(
-            sql(
+            spark.sql(
                 "SELECT endpoint, count_if(state = 'new') AS waiting, "
                 "count_if(state = 'claimed') AS claimed, "
                 "min(CASE WHEN state = 'new' THEN stored_at END) AS oldest_waiting "
@@ -328,11 +446,11 @@ def collect(
             )
         )
     }
-    depth = []
+    rows = []
     for endpoint in sorted(set(subjects) | {e for e in depth_rows if e != UNROUTABLE}):
         row = depth_rows.get(endpoint, {"waiting": 0, "claimed": 0, "oldest_waiting": None})
         oldest = row["oldest_waiting"]
-        depth.append(
+        rows.append(
             {
                 "endpoint": endpoint,
                 "subject": subjects.get(endpoint, endpoint),
@@ -341,51 +459,8 @@ def collect(
                 "oldestWaitingAgeMs": None if oldest is None else max(0, now - oldest),
             }
         )
-    depth.sort(key=lambda d: (-d["waiting"], d["subject"]))
-    progress.done()
-    messages.unpersist()
-    if dup is not None:
-        dup.unpersist()
-
-    return {
-        "generatedAt": now,
-        "generatedAtIso": _iso(now),
-        "home": os.fspath(home.root),
-        "archive": archive.uri,
-        "seconds": round(time.monotonic() - started, 3),
-        "sources": {"live": live_rows, "archived": totals["archived"], "overlap": overlap},
-        "range": {
-            "firstCreated": totals["first_created"],
-            "lastCreated": totals["last_created"],
-            "firstCreatedIso": _iso(totals["first_created"]),
-            "lastCreatedIso": _iso(totals["last_created"]),
-        },
-        "bucket": bucket,
-        "totals": {
-            "copies": totals["copies"],
-            "messages": totals["messages"],
-            "bytes": totals["bytes"],
-            "byState": {s: totals[s] for s in ("new", "claimed", "done", "failed")},
-        },
-        "volume": volume,
-        "bySubject": by_subject,
-        "bySender": by_sender,
-        "byEndpoint": by_endpoint,
-        "latency": latency,
-        "deadLetters": {
-            "total": totals["failed"],
-            "byCode": by_code,
-            "topReasons": top_reasons,
-            "byEndpoint": dead_by_endpoint,
-        },
-        "rejections": {
-            "total": sum(r["count"] for r in by_reason),
-            "byReason": by_reason,
-            "byEndpoint": rejections_by_endpoint,
-            "overTime": rejections_over_time,
-        },
-        "depth": depth,
-    }
+    rows.sort(key=lambda d: (-d["waiting"], d["subject"]))
+    return rows
 
 
 def _percentiles(values: list[float] | None) -> dict[str, float | None]:
@@ -442,7 +517,7 @@ def write_outputs(doc: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ops.session import spark_session
+    from ops.spark_session import spark_session
 
     home = Home(args.home)
     progress = Progress(enabled=not args.quiet)

@@ -1,6 +1,6 @@
 """Removing archived copies from the live store: by the writers, or by the job itself.
 
-DESIGN.md invariant 1: every file move in a mailbox is done by the writer that owns it.
+docs/design.md invariant 1: every file move in a mailbox is done by the writer that owns it.
 So while a broker runs, compaction never unlinks a file itself: it sends
 ``compact_remove`` requests (`BrokerRemoval`) and the router forwards each (id, endpoint)
 to the owning shard's writer, which removes the file only if it is done or failed and

@@ -223,7 +223,80 @@ def _img(src: str, alt: str) -> str:
     return f'<img src="{src}" alt="{html.escape(alt)}">'
 
 
+# The tables of the report: (document key, column title) each.
+ENDPOINT_COLUMNS = (
+    ("subject", "endpoint"),
+    ("endpoint", "hash"),
+    ("copies", "copies"),
+    ("done", "done"),
+    ("failed", "dead"),
+    ("new", "waiting"),
+    ("claimed", "claimed"),
+    ("p50", "p50"),
+    ("p95", "p95"),
+    ("p99", "p99"),
+)
+DEPTH_COLUMNS = (
+    ("subject", "endpoint"),
+    ("waiting", "waiting in new/"),
+    ("claimed", "claimed"),
+    ("oldest", "oldest waiting"),
+)
+SUBJECT_COLUMNS = (
+    ("subject", "subject"),
+    ("copies", "copies"),
+    ("messages", "messages"),
+    ("done", "done"),
+    ("failed", "dead"),
+    ("new", "waiting"),
+    ("claimed", "claimed"),
+)
+SENDER_COLUMNS = (
+    ("sender", "sender"),
+    ("messages", "messages"),
+    ("copies", "copies"),
+    ("failed", "dead"),
+)
+REASON_COLUMNS = (("code", "code"), ("reason", "reason"), ("count", "count"))
+REJECTION_COLUMNS = (
+    ("reason", "reason"),
+    ("category", "category"),
+    ("source", "source"),
+    ("count", "count"),
+)
+REJECTION_ENDPOINT_COLUMNS = (("reason", "reason"), ("endpoint", "endpoint"), ("count", "count"))
+
+
 def render_html(doc: dict[str, Any]) -> str:
+    """The whole page: head, summary, cards, plots, tables."""
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        "<title>Relay delivery metrics</title>",
+        f"<style>{CSS}</style></head><body>",
+        "<h1>Relay delivery metrics</h1>",
+        _summary(doc),
+        _cards(doc),
+        *_plots(doc),
+        *_tables(doc),
+        "</body></html>",
+    ]
+    return "\n".join(parts)
+
+
+def _summary(doc: dict[str, Any]) -> str:
+    """Where the numbers come from and what they span."""
+    rng = doc["range"]
+    return (
+        f"<p class='muted'>Generated {html.escape(doc['generatedAtIso'] or '')} from "
+        f"{doc['sources']['live']:,} live rows and {doc['sources']['archived']:,} archived rows "
+        f"({html.escape(doc['archive'])}); messages created "
+        f"{html.escape(rng['firstCreatedIso'] or '-')} to "
+        f"{html.escape(rng['lastCreatedIso'] or '-')}. Computed in {doc['seconds']:.1f} s.</p>"
+    )
+
+
+def _cards(doc: dict[str, Any]) -> str:
+    """The headline numbers, one card each."""
     t, lat = doc["totals"], doc["latency"]
     cards = [
         ("copies", f"{t['copies']:,}"),
@@ -237,27 +310,19 @@ def render_html(doc: dict[str, Any]) -> str:
         ("p99", _ms(lat["p99"])),
         ("rejections", f"{doc['rejections']['total']:,}"),
     ]
-    endpoints = [
-        {**r, "p50": _ms(r["p50"]), "p95": _ms(r["p95"]), "p99": _ms(r["p99"])}
-        for r in doc["byEndpoint"]
-    ]
-    depth = [{**d, "oldest": _ms(d["oldestWaitingAgeMs"])} for d in doc["depth"]]
-    rng = doc["range"]
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'>",
-        "<title>Relay delivery metrics</title>",
-        f"<style>{CSS}</style></head><body>",
-        "<h1>Relay delivery metrics</h1>",
-        f"<p class='muted'>Generated {html.escape(doc['generatedAtIso'] or '')} from "
-        f"{doc['sources']['live']:,} live rows and {doc['sources']['archived']:,} archived rows "
-        f"({html.escape(doc['archive'])}); messages created "
-        f"{html.escape(rng['firstCreatedIso'] or '-')} to "
-        f"{html.escape(rng['lastCreatedIso'] or '-')}. Computed in {doc['seconds']:.1f} s.</p>",
+    return (
         "<div class='cards'>"
         + "".join(
             f"<div class='card'><span class='muted'>{k}</span><b>{v}</b></div>" for k, v in cards
         )
-        + "</div>",
+        + "</div>"
+    )
+
+
+def _plots(doc: dict[str, Any]) -> list[str]:
+    """Volume over time, then the grid of latency, dead letters, rejections and depth."""
+    lat = doc["latency"]
+    return [
         f"<h2>Volume over time (per {doc['bucket']}, by creation time)</h2>",
         _img(plot_volume(doc), "volume over time"),
         "<div class='grid'><div><h2>Delivery latency, stored → done</h2>",
@@ -273,74 +338,28 @@ def render_html(doc: dict[str, Any]) -> str:
         "</div><div><h2>Endpoint depth now</h2>",
         _img(plot_depth(doc), "endpoint depth"),
         "</div></div>",
-        "<h2>By endpoint</h2>",
-        _table(
-            endpoints,
-            [
-                ("subject", "endpoint"),
-                ("endpoint", "hash"),
-                ("copies", "copies"),
-                ("done", "done"),
-                ("failed", "dead"),
-                ("new", "waiting"),
-                ("claimed", "claimed"),
-                ("p50", "p50"),
-                ("p95", "p95"),
-                ("p99", "p99"),
-            ],
-        ),
-        "<h2>Depth now</h2>",
-        _table(
-            depth,
-            [
-                ("subject", "endpoint"),
-                ("waiting", "waiting in new/"),
-                ("claimed", "claimed"),
-                ("oldest", "oldest waiting"),
-            ],
-        ),
-        "<h2>By subject</h2>",
-        _table(
-            doc["bySubject"],
-            [
-                ("subject", "subject"),
-                ("copies", "copies"),
-                ("messages", "messages"),
-                ("done", "done"),
-                ("failed", "dead"),
-                ("new", "waiting"),
-                ("claimed", "claimed"),
-            ],
-        ),
-        "<h2>By sender</h2>",
-        _table(
-            doc["bySender"],
-            [
-                ("sender", "sender"),
-                ("messages", "messages"),
-                ("copies", "copies"),
-                ("failed", "dead"),
-            ],
-        ),
-        "<h2>Dead letters: top reasons</h2>",
-        _table(
-            doc["deadLetters"]["topReasons"],
-            [("code", "code"), ("reason", "reason"), ("count", "count")],
-        ),
-        "<h2>Rejections</h2>",
-        _table(
-            doc["rejections"]["byReason"],
-            [
-                ("reason", "reason"),
-                ("category", "category"),
-                ("source", "source"),
-                ("count", "count"),
-            ],
-        ),
-        _table(
-            doc["rejections"]["byEndpoint"],
-            [("reason", "reason"), ("endpoint", "endpoint"), ("count", "count")],
-        ),
-        "</body></html>",
     ]
-    return "\n".join(parts)
+
+
+def _tables(doc: dict[str, Any]) -> list[str]:
+    """The tables, with times shown in readable units."""
+    endpoints = [
+        {**r, "p50": _ms(r["p50"]), "p95": _ms(r["p95"]), "p99": _ms(r["p99"])}
+        for r in doc["byEndpoint"]
+    ]
+    depth = [{**d, "oldest": _ms(d["oldestWaitingAgeMs"])} for d in doc["depth"]]
+    return [
+        "<h2>By endpoint</h2>",
+        _table(endpoints, ENDPOINT_COLUMNS),
+        "<h2>Depth now</h2>",
+        _table(depth, DEPTH_COLUMNS),
+        "<h2>By subject</h2>",
+        _table(doc["bySubject"], SUBJECT_COLUMNS),
+        "<h2>By sender</h2>",
+        _table(doc["bySender"], SENDER_COLUMNS),
+        "<h2>Dead letters: top reasons</h2>",
+        _table(doc["deadLetters"]["topReasons"], REASON_COLUMNS),
+        "<h2>Rejections</h2>",
+        _table(doc["rejections"]["byReason"], REJECTION_COLUMNS),
+        _table(doc["rejections"]["byEndpoint"], REJECTION_ENDPOINT_COLUMNS),
+    ]

@@ -127,17 +127,15 @@ class Internal(RelayError):
     code = "internal"
 
 
-def _all_subclasses(cls: type[RelayError]) -> list[type[RelayError]]:
-    found = []
+def _with_subclasses(cls: type[RelayError]) -> list[type[RelayError]]:
+    """``cls`` and its subclasses, depth first (a later one wins a shared code)."""
+    found = [cls]
     for sub in cls.__subclasses__():
-        found.append(sub)
-        found.extend(_all_subclasses(sub))
+        found.extend(_with_subclasses(sub))
     return found
 
 
-ERROR_CLASSES: dict[str, type[RelayError]] = {
-    cls.code: cls for cls in [RelayError, *_all_subclasses(RelayError)]
-}
+ERROR_CLASSES: dict[str, type[RelayError]] = {cls.code: cls for cls in _with_subclasses(RelayError)}
 
 
 def from_code(code: str, message: str) -> RelayError:

@@ -64,7 +64,8 @@ def get_field(
         if default is MISSING:
             raise InvalidMessage(f"{label_of(path, name)} is missing")
         return default
-    if type(value) is kind and (minimum is None or value >= minimum):
+    # `type(value) is kind` tells mypy only "object"; a minimum comes with kind int.
+    if type(value) is kind and (minimum is None or value >= minimum):  # type: ignore[operator]
         return value  # the common case, without building a label
     return check_kind(value, kind, label_of(path, name), minimum=minimum)
 

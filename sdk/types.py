@@ -276,6 +276,9 @@ class SignalType(StrEnum):
     BACKPRESSURE = "backpressure"
 
 
+_SIGNAL_TYPES: Mapping[str, SignalType] = {t.value: t for t in SignalType}
+
+
 @dataclass(frozen=True, slots=True)
 class Signal:
     """Ephemeral state ("typing", "backpressure: warning"); never written to disk."""
@@ -317,7 +320,7 @@ def _signal_wire(
 def _signal_fields(d: object, path: str) -> tuple[SignalType, str, str, int, dict | None]:
     if type(d) is dict:  # the common, valid case in one pass: signals come in bursts
         name = d.get("type")
-        kind = SignalType._value2member_map_.get(name) if type(name) is str else None
+        kind = _SIGNAL_TYPES.get(name) if type(name) is str else None
         state, subject = d.get("state"), d.get("endpointSubject")
         timestamp, data = d.get("timestamp"), d.get("data")
         if (

@@ -26,7 +26,7 @@ from sdk.errors import RelayError, Timeout
 from sdk.ids import new_id
 from sdk.subjects import endpoint_hash
 from tests.harness import Broker
-from workers import maildir
+from workers import faults
 from workers import protocol as proto
 from workers.writer import BEFORE_INDEX_COMMIT, shard_of
 
@@ -110,10 +110,10 @@ def test_killing_a_writer_mid_burst_loses_no_acknowledged_publish(broker):
 
 
 WRITER_STEPS = [
-    maildir.AFTER_TMP_WRITE,  # files in tmp/, nothing flushed
-    maildir.AFTER_SYNC,  # files flushed, not yet renamed into new/
-    maildir.AFTER_RENAME,  # visible in new/, the renames not yet durable
-    maildir.AFTER_DIR_SYNC,  # durable in new/, not yet indexed
+    faults.AFTER_TMP_WRITE,  # files in tmp/, nothing flushed
+    faults.AFTER_SYNC,  # files flushed, not yet renamed into new/
+    faults.AFTER_RENAME,  # visible in new/, the renames not yet durable
+    faults.AFTER_DIR_SYNC,  # durable in new/, not yet indexed
     BEFORE_INDEX_COMMIT,  # durable and every other change of the commit made
 ]
 

@@ -18,9 +18,10 @@ from sdk.ids import new_id
 from workers.filenames import format_name, parse_name
 from workers.group_commit import deliver_batch
 from workers.index import MessageIndex, rebuild_from_maildir
-from workers.index_sql import MIGRATIONS, SCHEMA_VERSION
+from workers.index_sql import COLUMNS, MIGRATIONS, SCHEMA_VERSION
 from workers.maildir import Mailbox
 from workers.records import MessageRecord, State
+from workers.scan import ScanRow
 from workers.sqlite import migrate, open_db
 
 NOW = 1_764_108_000_000
@@ -529,3 +530,8 @@ def test_an_index_rebuilt_from_the_maildir_equals_the_one_the_writer_kept(
     assert index.all_records() == kept
     index.close()
     rebuilt.close()
+
+
+def test_a_scan_row_names_the_index_columns_in_order():
+    assert ScanRow._fields == COLUMNS
+    assert ScanRow._fields == tuple(f.name for f in dataclasses.fields(MessageRecord))

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from sdk.ids import new_id
-from workers import dead_letters, filenames, maildir
+from workers import faults, filenames
 from workers.maildir import Mailbox
 from workers.records import State
 from workers.scan import InvalidFile, iter_records
@@ -80,31 +80,31 @@ class Case:
 
 CASES = [
     # single delivery: absent until the rename, then durable in new/
-    Case("deliver", maildir.AFTER_TMP_WRITE, None, None),
-    Case("deliver", maildir.AFTER_SYNC, None, None),
-    Case("deliver", maildir.AFTER_RENAME, None, State.NEW),
-    Case("deliver_failed", maildir.AFTER_TMP_WRITE, None, None),
-    Case("deliver_failed", maildir.AFTER_RENAME, None, State.FAILED),
+    Case("deliver", faults.AFTER_TMP_WRITE, None, None),
+    Case("deliver", faults.AFTER_SYNC, None, None),
+    Case("deliver", faults.AFTER_RENAME, None, State.NEW),
+    Case("deliver_failed", faults.AFTER_TMP_WRITE, None, None),
+    Case("deliver_failed", faults.AFTER_RENAME, None, State.FAILED),
     # group commit, 12 messages over 3 mailboxes (the first one a dead letter)
-    Case("deliver_batch", maildir.AFTER_TMP_WRITE, None, None, messages=12),
-    Case("deliver_batch", maildir.AFTER_SYNC, None, None, messages=12),
-    Case("deliver_batch", maildir.AFTER_RENAME, None, State.NEW, messages=12),
-    Case("deliver_batch", maildir.AFTER_DIR_SYNC, None, State.NEW, messages=12),
+    Case("deliver_batch", faults.AFTER_TMP_WRITE, None, None, messages=12),
+    Case("deliver_batch", faults.AFTER_SYNC, None, None, messages=12),
+    Case("deliver_batch", faults.AFTER_RENAME, None, State.NEW, messages=12),
+    Case("deliver_batch", faults.AFTER_DIR_SYNC, None, State.NEW, messages=12),
     # moves are single renames
-    Case("claim", maildir.CLAIM_AFTER_RENAME, State.NEW, State.CLAIMED),
-    Case("reclaim", maildir.RECLAIM_AFTER_RENAME, State.CLAIMED, State.CLAIMED),
-    Case("complete", maildir.COMPLETE_AFTER_RENAME, State.CLAIMED, State.DONE),
-    Case("requeue", maildir.REQUEUE_AFTER_RENAME, State.CLAIMED, State.NEW),
+    Case("claim", faults.CLAIM_AFTER_RENAME, State.NEW, State.CLAIMED),
+    Case("reclaim", faults.RECLAIM_AFTER_RENAME, State.CLAIMED, State.CLAIMED),
+    Case("complete", faults.COMPLETE_AFTER_RENAME, State.CLAIMED, State.DONE),
+    Case("requeue", faults.REQUEUE_AFTER_RENAME, State.CLAIMED, State.NEW),
     # fail: unchanged until failed/<id> exists, failed from then on
-    Case("fail", dead_letters.FAIL_AFTER_TMP_WRITE, State.NEW, State.NEW),
-    Case("fail", dead_letters.FAIL_AFTER_FAILED_WRITTEN, State.NEW, State.FAILED),
-    Case("fail", dead_letters.FAIL_AFTER_FAILED_WRITTEN, State.CLAIMED, State.FAILED),
-    Case("fail", dead_letters.FAIL_AFTER_UNLINK, State.CLAIMED, State.FAILED),
+    Case("fail", faults.FAIL_AFTER_TMP_WRITE, State.NEW, State.NEW),
+    Case("fail", faults.FAIL_AFTER_FAILED_WRITTEN, State.NEW, State.FAILED),
+    Case("fail", faults.FAIL_AFTER_FAILED_WRITTEN, State.CLAIMED, State.FAILED),
+    Case("fail", faults.FAIL_AFTER_UNLINK, State.CLAIMED, State.FAILED),
 ]
 
 
 def test_every_fault_point_has_a_crash_case() -> None:
-    assert {case.fault for case in CASES} == set(maildir.FAULT_POINTS)
+    assert {case.fault for case in CASES} == set(faults.FAULT_POINTS)
 
 
 def envelope(message_id: str, *, dead: bool = False) -> str:

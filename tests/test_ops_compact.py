@@ -1,4 +1,4 @@
-"""Compaction on a real local SparkSession, over generated history (ops/sample.py).
+"""Compaction on a real local SparkSession, over generated history (tests/ops_sample.py).
 
 Given a data directory with done, dead-lettered, new and claimed copies spread over 45
 days, compaction must leave the archive holding exactly the finished copies past
@@ -25,10 +25,10 @@ import pytest
 from ops import archive as archive_mod
 from ops.compact import CompactOptions, compact
 from ops.live import all_rows, day_of, open_indexes
-from ops.sample import Spec, endpoint_subject, generate
-from ops.session import spark_session
+from ops.spark_session import spark_session
 from sdk.paths import Home
 from tests.harness import ROOT, Broker, wait_for
+from tests.ops_sample import Spec, endpoint_subject, generate
 from workers.records import MessageRecord, State
 from workers.scan import iter_records
 

@@ -1,7 +1,7 @@
 """Metrics on a real local SparkSession: every number checked against the ground truth.
 
-The data directory holds generated history (ops/sample.py) of which part is archived by
-a compaction stopped right after its first commit, so that some copies are both archived
+The data directory holds generated history (tests/ops_sample.py) of which part is archived
+by a compaction stopped right after its first commit, so that some copies are both archived
 and still live (the metrics must count them once), plus rejection counts recorded by the
 router's recorder, some old enough to be archived. The report is produced through the
 command line entry (`relay ops metrics`) and its JSON is compared with counts computed
@@ -23,10 +23,11 @@ import pytest
 from broker.rejections import RejectionLog
 from cli.main import main as relay_main
 from ops.compact import CompactOptions, compact
-from ops.metrics import write_outputs
-from ops.sample import Spec, generate
-from ops.session import spark_session
+from ops.live import INDEX_SCHEMA, REJECTION_SCHEMA
+from ops.metrics import _spark_schema, dead_letters, depth, latency, rejections, write_outputs
+from ops.spark_session import spark_session
 from sdk.paths import UNROUTABLE, Home
+from tests.ops_sample import Spec, generate
 from workers.records import State
 
 pytestmark = pytest.mark.spark
@@ -170,3 +171,40 @@ def test_the_report_files_are_owner_only(report, tmp_path):
     _, doc, _ = report
     for path in write_outputs(doc, tmp_path / "reports"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+def test_the_stages_run_over_views_made_by_hand():
+    """Each stage of `collect` queries the views and nothing else, so three copies and
+    one rejection count made here are enough to check one: no data directory needed."""
+    spark = spark_session()
+    copies = [
+        # in COLUMNS order: id, endpoint, subject, sender, state, created_at, stored_at,
+        # claimed_at, finished_at, reason, reason_code, size
+        ("A", "e1", "s.one", "x", "done", 0, 1000, 1010, 1100, None, None, 10),
+        ("B", "e1", "s.one", "x", "new", 0, 2000, None, None, None, None, 10),
+        ("C", "e2", "s.two", "y", "failed", 0, 3000, None, 3000, "denied", "access_denied", 10),
+    ]
+    live = spark.createDataFrame(copies, schema=_spark_schema(spark, INDEX_SCHEMA))
+    live.createOrReplaceTempView("live")
+    live.selectExpr("*", "'live' AS source").createOrReplaceTempView("messages")
+    counts = [(60_000, "rate_limited", "*", "x", 3)]
+    spark.createDataFrame(
+        counts, schema=_spark_schema(spark, REJECTION_SCHEMA)
+    ).createOrReplaceTempView("rejections")
+
+    subjects = {"e1": "s.one", "e2": "s.two", "e3": "s.three"}
+    assert [
+        (d["endpoint"], d["waiting"], d["oldestWaitingAgeMs"])
+        for d in depth(spark, subjects, now=5000)
+    ] == [("e1", 1, 3000), ("e3", 0, None), ("e2", 0, None)]
+    lat = latency(spark)
+    assert (lat["count"], lat["p50"], lat["max"]) == (1, 100.0, 100)
+    dead = dead_letters(spark, top=10)
+    assert dead["byCode"] == [{"code": "access_denied", "count": 1}]
+    rejected = rejections(spark, dead["byCode"], width=3_600_000, top=10)
+    assert rejected["total"] == 4
+    assert [(r["reason"], r["source"]) for r in rejected["byReason"]] == [
+        ("rate_limited", "router"),
+        ("access_denied", "dead_letter"),
+    ]
+    assert rejected["overTime"] == [{"bucket": 0, "reason": "rate_limited", "count": 3}]

@@ -2,7 +2,7 @@
 
 `ops.compact` first commits finished messages (done, dead letters) to the Parquet archive,
 then asks for their removal from the live store. The removal runs in the writer that owns
-the mailbox (the ``compact_remove`` operation, while the broker runs: DESIGN.md invariant
+the mailbox (the ``compact_remove`` operation, while the broker runs: docs/design.md invariant
 1, one owner per file move) or, when no Relay process runs at all, in the compaction job
 itself. Both call `remove_finished`.
 

@@ -25,26 +25,23 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import TYPE_CHECKING
 
 from sdk.errors import InvalidMessage, MessageNotFound
 from sdk.ids import is_id, new_id
-from workers.faults import fault_point
+from workers.faults import (
+    FAIL_AFTER_FAILED_WRITTEN,
+    FAIL_AFTER_TMP_WRITE,
+    FAIL_AFTER_UNLINK,
+    fault_point,
+)
 from workers.filenames import deliveries_of, parse_name
 from workers.fsio import OPEN_READ, fsync_dir, read_fd, storage_error, store_file
-
-if TYPE_CHECKING:
-    from workers.maildir import Mailbox
+from workers.mailbox_paths import MailboxPaths
 
 log = logging.getLogger("relay.maildir")
 
-# Fault points, in the order `move_to_failed` reaches them (see the module docstring).
-FAIL_AFTER_TMP_WRITE = "maildir.fail.after_tmp_write"
-FAIL_AFTER_FAILED_WRITTEN = "maildir.fail.after_failed_written"
-FAIL_AFTER_UNLINK = "maildir.fail.after_unlink"
 
-
-def quarantine(mailbox: Mailbox, name: str, reason: str, code: str, now_ms: int) -> str:
+def quarantine(mailbox: MailboxPaths, name: str, reason: str, code: str, now_ms: int) -> str:
     """Dead-letter a file in new/ that is not a valid envelope (see `iter_records`).
 
     The dead letter is ``{"id", "raw", "originalName", "deadLetter"}`` with the
@@ -61,7 +58,7 @@ def quarantine(mailbox: Mailbox, name: str, reason: str, code: str, now_ms: int)
 
 
 def move_to_failed(
-    mailbox: Mailbox,
+    mailbox: MailboxPaths,
     source_dir: str,
     name: str,
     message_id: str,
@@ -138,7 +135,7 @@ def move_to_failed(
     return len(data)
 
 
-def purge_failed(mailbox: Mailbox) -> list[str]:
+def purge_failed(mailbox: MailboxPaths) -> list[str]:
     """Delete every dead letter of ``mailbox``; returns the ids removed.
 
     An operator's request, off the hot path (deletes are slow to recover from on this

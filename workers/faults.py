@@ -18,6 +18,38 @@ import signal
 
 ENV_VAR = "RELAY_FAULT"
 
+# The storage fault points, named after the step they follow; each module's docstring
+# places them in its order of writes (workers/maildir.py, workers/dead_letters.py,
+# workers/group_commit.py). They are defined here, with no storage code, so that every
+# module can name them without importing another storage module.
+AFTER_TMP_WRITE = "maildir.after_tmp_write"
+AFTER_SYNC = "maildir.after_sync"
+AFTER_RENAME = "maildir.after_rename"
+AFTER_DIR_SYNC = "maildir.after_dir_sync"
+CLAIM_AFTER_RENAME = "maildir.claim.after_rename"
+RECLAIM_AFTER_RENAME = "maildir.reclaim.after_rename"
+COMPLETE_AFTER_RENAME = "maildir.complete.after_rename"
+REQUEUE_AFTER_RENAME = "maildir.requeue.after_rename"
+FAIL_AFTER_TMP_WRITE = "maildir.fail.after_tmp_write"
+FAIL_AFTER_FAILED_WRITTEN = "maildir.fail.after_failed_written"
+FAIL_AFTER_UNLINK = "maildir.fail.after_unlink"
+# Every storage fault point, in the order the operations reach them (the crash tests
+# cover each one).
+FAULT_POINTS = (
+    AFTER_TMP_WRITE,
+    AFTER_SYNC,
+    AFTER_RENAME,
+    AFTER_DIR_SYNC,
+    CLAIM_AFTER_RENAME,
+    RECLAIM_AFTER_RENAME,
+    COMPLETE_AFTER_RENAME,
+    REQUEUE_AFTER_RENAME,
+    FAIL_AFTER_TMP_WRITE,
+    FAIL_AFTER_FAILED_WRITTEN,
+    FAIL_AFTER_UNLINK,
+)
+DELIVER_FAULTS = (AFTER_TMP_WRITE, AFTER_SYNC, AFTER_RENAME)
+
 ARMED: frozenset[str] = frozenset(
     name.strip() for name in os.environ.get(ENV_VAR, "").split(",") if name.strip()
 )

@@ -29,7 +29,7 @@ from typing import Literal
 
 from sdk.errors import InvalidMessage, StorageError
 from sdk.ids import is_id
-from workers.faults import fault_point
+from workers.faults import AFTER_DIR_SYNC, AFTER_RENAME, AFTER_SYNC, AFTER_TMP_WRITE, fault_point
 from workers.filenames import format_name
 from workers.fsio import (
     FILE_MODE,
@@ -41,7 +41,7 @@ from workers.fsio import (
     unlink_quiet,
     write_all,
 )
-from workers.maildir import AFTER_DIR_SYNC, AFTER_RENAME, AFTER_SYNC, AFTER_TMP_WRITE, Mailbox
+from workers.maildir import Mailbox
 from workers.syncfs import syncfs
 
 Target = Literal["new", "cur", "failed"]  # cur: stored already claimed
@@ -53,7 +53,7 @@ def deliver_batch(
     """Store many messages with one flush: per item its stored_at (ms) or the error
     (StorageError; InvalidMessage for an id that is not a ULID).
 
-    Why syncfs (DESIGN.md, "The disk, measured"): fsyncing 100 files one by one does not
+    Why syncfs (docs/design.md, "The disk, measured"): fsyncing 100 files one by one does not
     merge the flushes (≈ 5,900 msg/s, the same as one at a time) while one syncfs for
     the batch does (≈ 16,000 msg/s raw). The renames are made durable by one fsync per
     target directory (a rename is durable only once its directory is fsynced, ≈ 110 µs

@@ -7,7 +7,7 @@ same id in each endpoint's mailbox. Every column can be recomputed from the file
 same rows as the one the writer kept up to date; tests/test_index.py checks exactly that.
 
 The writer changes the index only through `MessageIndex.write`, one transaction per
-group commit (DESIGN.md invariant 3: a publish is acknowledged once its file is durable
+group commit (docs/design.md invariant 3: a publish is acknowledged once its file is durable
 and its row committed). ``synchronous=NORMAL`` (workers.sqlite) means a power cut can
 lose the last transactions; the writer rebuilds the index from the Maildir at start, so
 nothing is lost that the Maildir kept. The schema and the SQL: workers/index_sql.py.

@@ -108,7 +108,7 @@ COUNT_NEW_BY_ENDPOINT = (
     "SELECT endpoint, count(*) FROM messages WHERE state = 'new' GROUP BY endpoint"
 )
 # One count per publish: fan-out copies share the id; dead letters are not publishes
-# the sender got through (DESIGN.md, "Mistakes": the old limiter counted both).
+# the sender got through (docs/design.md, "Mistakes not to repeat": the old limiter counted both).
 # A publish counts toward its sender's rate limit when it stored a copy in some new/:
 # any row but a dead letter made at publish time (later consumer failures still count).
 _COUNTED = (

@@ -19,7 +19,7 @@ Order of writes, and what a crash between two steps leaves behind
 "Crash" is a SIGKILL (tests/test_maildir_crash.py kills a child at each `fault_point`)
 or a power cut. Nothing is acknowledged to anyone before the last step has returned.
 
-Fault points are named in brackets after the step they follow.
+Fault points are named in brackets after the step they follow (workers/faults.py).
 
 deliver / deliver_failed (one message): write + fsync, rename, fsync the directory
     1. create ``tmp/<id>.<pid>`` (O_CREAT|O_EXCL, 0600), write  [maildir.after_tmp_write]
@@ -68,9 +68,9 @@ duplicate inside one batch fails alone). rename(2) replaces an existing target: 
 unique per copy (one id per message, one file per endpoint) and Relay never retries a
 delivery by itself, so the router never sends a second copy of one id to one mailbox.
 
-Deletes stay off the hot path (DESIGN.md: creating files where many were just deleted
-costs ~1 ms each on this ext4): finished files stay in cur/ and failed/ until
-compaction removes them in bulk.
+Deletes stay off the hot path (docs/design.md, "The disk, measured": creating files
+where many were just deleted costs ~1 ms each on this ext4): finished files stay in cur/
+and failed/ until compaction removes them in bulk.
 """
 
 from __future__ import annotations
@@ -82,46 +82,27 @@ from typing import NoReturn
 from sdk.errors import AlreadyClaimed, InvalidMessage, InvalidState, MessageNotFound
 from sdk.ids import check_id, is_id
 from workers import dead_letters, recovery
-from workers.dead_letters import FAIL_AFTER_FAILED_WRITTEN, FAIL_AFTER_TMP_WRITE, FAIL_AFTER_UNLINK
-from workers.faults import fault_point
+from workers.faults import (
+    CLAIM_AFTER_RENAME,
+    COMPLETE_AFTER_RENAME,
+    DELIVER_FAULTS,
+    RECLAIM_AFTER_RENAME,
+    REQUEUE_AFTER_RENAME,
+    fault_point,
+)
 from workers.filenames import STATE_RANK, deliveries_of, format_name, parse_name, state_of
 from workers.fsio import DIR_MODE, fsync_dir, fsync_dirs, read_file, storage_error, store_file
+from workers.mailbox_paths import MailboxPaths
 from workers.records import State
 from workers.recovery import FOREIGN_TMP_MAX_AGE_S, Recovery
 
 SUBDIRS = ("tmp", "new", "cur", "failed")
 
-# Fault points, in the order the operations reach them (see the module docstring).
-AFTER_TMP_WRITE = "maildir.after_tmp_write"
-AFTER_SYNC = "maildir.after_sync"
-AFTER_RENAME = "maildir.after_rename"
-AFTER_DIR_SYNC = "maildir.after_dir_sync"
-CLAIM_AFTER_RENAME = "maildir.claim.after_rename"
-RECLAIM_AFTER_RENAME = "maildir.reclaim.after_rename"
-COMPLETE_AFTER_RENAME = "maildir.complete.after_rename"
-REQUEUE_AFTER_RENAME = "maildir.requeue.after_rename"
-# Every storage fault point, in the order the operations reach them (the crash tests
-# cover each one); the dead letters' are defined with them in workers/dead_letters.py.
-FAULT_POINTS = (
-    AFTER_TMP_WRITE,
-    AFTER_SYNC,
-    AFTER_RENAME,
-    AFTER_DIR_SYNC,
-    CLAIM_AFTER_RENAME,
-    RECLAIM_AFTER_RENAME,
-    COMPLETE_AFTER_RENAME,
-    REQUEUE_AFTER_RENAME,
-    FAIL_AFTER_TMP_WRITE,
-    FAIL_AFTER_FAILED_WRITTEN,
-    FAIL_AFTER_UNLINK,
-)
-DELIVER_FAULTS = (AFTER_TMP_WRITE, AFTER_SYNC, AFTER_RENAME)
-
 
 class Mailbox:
     """One endpoint's Maildir: ``root`` is ``mailboxes/<hash>``, ``endpoint`` its hash.
 
-    One writer owns each mailbox (DESIGN.md invariant 1), so the names of the files it
+    One writer owns each mailbox (docs/design.md invariant 1), so the names of the files it
     claimed are remembered here to complete or fail them without listing cur/; a miss
     (after a restart, or a file moved by hand) falls back to a scan of cur/.
     """
@@ -134,6 +115,10 @@ class Mailbox:
         self.new_dir = f"{base}/new"
         self.cur_dir = f"{base}/cur"
         self.failed_dir = f"{base}/failed"
+        # What the dead letters and recovery need (workers/mailbox_paths.py).
+        self.paths = MailboxPaths(
+            self.endpoint, self.tmp_dir, self.new_dir, self.cur_dir, self.failed_dir
+        )
         self._claimed: dict[str, str] = {}  # id -> its name in cur/, for claims made here
 
     @classmethod
@@ -369,7 +354,7 @@ class Mailbox:
                 raise InvalidState(f"cannot fail {message_id} in {self.endpoint}: it is done")
             source_dir = self.cur_dir
         size = dead_letters.move_to_failed(
-            self, source_dir, name, message_id, reason, code, now_ms, keep_envelope=True
+            self.paths, source_dir, name, message_id, reason, code, now_ms, keep_envelope=True
         )
         self._claimed.pop(message_id, None)
         return size
@@ -377,12 +362,12 @@ class Mailbox:
     def quarantine(self, name: str, reason: str, code: str, now_ms: int) -> str:
         """Dead-letter a file in new/ that is not a valid envelope; returns its dead
         letter's id (workers/dead_letters.py)."""
-        return dead_letters.quarantine(self, name, reason, code, now_ms)
+        return dead_letters.quarantine(self.paths, name, reason, code, now_ms)
 
     def purge_failed(self) -> list[str]:
         """Delete every dead letter of this mailbox; returns the ids removed
         (workers/dead_letters.py)."""
-        return dead_letters.purge_failed(self)
+        return dead_letters.purge_failed(self.paths)
 
     # ----------------------------------------------------------------- read
 
@@ -434,6 +419,6 @@ class Mailbox:
 
     def recover(self, now: float | None = None) -> Recovery:
         """Repair what a crash left (workers/recovery.py): stale tmp files, duplicate states."""
-        repaired = recovery.recover(self, now)
+        repaired = recovery.recover(self.paths, now)
         self._claimed.clear()  # the names remembered may have been removed
         return repaired

@@ -17,14 +17,11 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from sdk.errors import InvalidMessage
 from workers.filenames import STATE_RANK, parse_name, state_of
 from workers.fsio import fsync_dirs, unlink_quiet
-
-if TYPE_CHECKING:
-    from workers.maildir import Mailbox
+from workers.mailbox_paths import MailboxPaths
 
 log = logging.getLogger("relay.maildir")
 
@@ -80,7 +77,7 @@ def sweep_tmp(
     return removed
 
 
-def recover(mailbox: Mailbox, now: float | None = None) -> Recovery:
+def recover(mailbox: MailboxPaths, now: float | None = None) -> Recovery:
     """Sweep tmp/ and keep one file per message id (the module docstring)."""
     tmp_removed = sweep_tmp(mailbox.tmp_dir, own_older_than_s=0, now=now)
     copies: dict[str, list[tuple[int, str, str]]] = {}  # id -> [(rank, dir, name)]

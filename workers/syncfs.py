@@ -1,7 +1,7 @@
 """``syncfs(2)``: flush every dirty page and inode of one filesystem in one call.
 
 Python's `os` has no syncfs, so it is called from libc through ctypes. Why the writer
-wants it (DESIGN.md, "The disk, measured"): fsyncing the files of a batch one by one
+wants it (docs/design.md, "The disk, measured"): fsyncing the files of a batch one by one
 does not merge the flushes (≈ 5,900 msg/s for a batch of 100, the same as one at a
 time), while one syncfs per batch does (≈ 16,000 msg/s raw). bench/bench_storage.py
 guards that figure.

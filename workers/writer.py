@@ -58,7 +58,7 @@ BEFORE_INDEX_COMMIT = "writer.before_index_commit"
 
 log = logging.getLogger("relay.writer")
 
-MAX_BATCH = 512  # deliveries per group commit; bounds the latency of one commit
+MAX_BATCH = 512  # router frames (a pass's deliveries, or one operation) per group commit
 IDLE_POLL_MS = 500  # wake-up interval to notice a stop request
 _WATCH_FLAGS = iflags.MOVED_TO | iflags.CLOSE_WRITE
 

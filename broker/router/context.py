@@ -22,7 +22,7 @@ from broker.router.delivery import Ledger
 from broker.router.directory import Directory
 from broker.router.federation import Federation
 from broker.router.indexes import Indexes
-from broker.router.jobs import Pending, WriterJobs
+from broker.router.jobs import Job, WriterJobs
 from broker.router.replies import Replies
 from broker.router.settings import Settings
 from broker.router.signal_out import SignalOutbox
@@ -46,7 +46,7 @@ class WriterWork:
 
     name: str
     args_by_shard: dict[int, dict[str, Any]]
-    on_done: Callable[[Pending], Any]
+    on_done: Callable[[Job], Any]
 
 
 class WriterStates(Protocol):

@@ -32,7 +32,7 @@ The rules it keeps:
   (``waiting_in``, the one read of the disk) becomes their queues.
 
 Time plays no part, so there is no ``now``; tests drive it without sockets
-(tests/test_delivery_model.py runs it against a model of the Maildir).
+(tests/test_ledger_model.py runs it against a model of the Maildir).
 """
 
 from __future__ import annotations

@@ -32,14 +32,14 @@ Delivery = tuple[proto.DeliveryHeader, bytes]
 
 
 @dataclass
-class Pending:
+class Job:
     """A client request waiting for writers: a publish, or an operation on N shards."""
 
     client: bytes
     rid: int
     deadline: int
     remaining: int
-    on_done: Callable[[Pending], Any]  # builds the reply result (or raises RelayError)
+    on_done: Callable[[Job], Any]  # builds the reply result (or raises RelayError)
     results: list[Any] = field(default_factory=list)
     shards: set[int] = field(default_factory=set)
     error: RelayError | None = None
@@ -66,7 +66,7 @@ class Pending:
 
 class WriterJobs:
     def __init__(self, tokens: Iterator[int] | None = None) -> None:
-        self.pending: dict[int, Pending] = {}
+        self.pending: dict[int, Job] = {}
         self.tokens = tokens or itertools.count(1)
         self.waiting_per_client: dict[bytes, int] = {}
         # Publishes waiting on writers, by message id: an ingest of an id already on its
@@ -80,8 +80,8 @@ class WriterJobs:
     # ----------------------------------------------------------------- jobs
 
     def open(
-        self, client: bytes, rid: int, parts: int, on_done: Callable[[Pending], Any], now: int
-    ) -> tuple[int, Pending]:
+        self, client: bytes, rid: int, parts: int, on_done: Callable[[Job], Any], now: int
+    ) -> tuple[int, Job]:
         """A new job of ``parts`` answers, registered under a fresh token."""
         waiting = self.waiting_per_client.get(client, 0)
         if waiting >= MAX_INFLIGHT_PER_CLIENT:
@@ -89,7 +89,7 @@ class WriterJobs:
                 f"{waiting} requests of this connection are already waiting on "
                 f"writers; the limit is {MAX_INFLIGHT_PER_CLIENT}"
             )
-        job = Pending(client, rid, now + WRITER_DEADLINE_MS, parts, on_done)
+        job = Job(client, rid, now + WRITER_DEADLINE_MS, parts, on_done)
         token = next(self.tokens)
         self.pending[token] = job
         self.waiting_per_client[client] = waiting + 1
@@ -99,11 +99,11 @@ class WriterJobs:
         """Whether copies of this message are on their way to the writers."""
         return message_id in self.by_message
 
-    def publishing(self, token: int, job: Pending, message_id: str) -> None:
+    def publishing(self, token: int, job: Job, message_id: str) -> None:
         job.message_id = message_id
         self.by_message[message_id] = token
 
-    def forget(self, token: int) -> Pending | None:
+    def forget(self, token: int) -> Job | None:
         job = self.pending.pop(token, None)
         if job is not None:
             if self.by_message.get(job.message_id) == token:
@@ -115,14 +115,14 @@ class WriterJobs:
                 self.waiting_per_client.pop(job.client, None)
         return job
 
-    def answered(self, token: int, job: Pending) -> tuple[bytes, bytes] | None:
+    def answered(self, token: int, job: Job) -> tuple[bytes, bytes] | None:
         """One more answer for ``job``; (client, reply body) once it has them all."""
         job.remaining -= 1
         if job.remaining > 0:
             return None
         return job.client, self.finish(token, job)
 
-    def finish(self, token: int, job: Pending) -> bytes:
+    def finish(self, token: int, job: Job) -> bytes:
         """The job's reply body, the job forgotten."""
         self.forget(token)
         try:
@@ -132,14 +132,14 @@ class WriterJobs:
         except RelayError as exc:
             return wire.error_body(job.rid, exc)
 
-    def due(self, now: int) -> Iterator[tuple[int, Pending]]:
+    def due(self, now: int) -> Iterator[tuple[int, Job]]:
         """The jobs whose deadline passed, oldest first (they stay registered)."""
         for token, job in list(self.pending.items()):
             if job.deadline > now:
                 return
             yield token, job
 
-    def on_shard(self, shard: int) -> list[tuple[int, Pending]]:
+    def on_shard(self, shard: int) -> list[tuple[int, Job]]:
         return [(t, job) for t, job in self.pending.items() if shard in job.shards]
 
     # ----------------------------------------------------------------- work not sent yet

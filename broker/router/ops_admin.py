@@ -8,7 +8,7 @@ from typing import Any
 
 from broker.router.consumers import Session
 from broker.router.context import Context, WriterWork, now_ms
-from broker.router.jobs import Pending
+from broker.router.jobs import Job
 from broker.router.requests import (
     AddRule,
     CompactRemove,
@@ -116,7 +116,7 @@ def compact_remove(ctx: Context, session: Session, req: CompactRemove, rid: int)
     return WriterWork("compact_remove", args, _compact_totals)
 
 
-def _compact_totals(job: Pending) -> dict[str, Any]:
+def _compact_totals(job: Job) -> dict[str, Any]:
     total: dict[str, Any] = dict.fromkeys(COMPACT_TOTALS, 0)
     for result in job.results:
         for key in COMPACT_TOTALS:

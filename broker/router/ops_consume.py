@@ -19,7 +19,7 @@ from broker.router.context import (
     check_receives,
     now_ms,
 )
-from broker.router.jobs import Pending
+from broker.router.jobs import Job
 from broker.router.requests import Empty, Fetch, Finish, Hello, Subscribe, Unsubscribe
 from sdk import wire
 from sdk.errors import InvalidState, LimitExceeded
@@ -179,7 +179,7 @@ def _finish(
             raise InvalidState(_not_held(req))
     sender = held.sender if held is not None else None
 
-    def finished(job: Pending) -> Any:
+    def finished(job: Job) -> Any:
         if not operator:  # an ack or a nack teaches the endpoint's breaker
             ctx.reliability.consumer_outcome(endpoint, success=name == "done", now=now_ms())
         if name == "done" and sender:

@@ -19,7 +19,7 @@ from broker.rejections import RATE_LIMITED
 from broker.router import remote_parts as remote
 from broker.router.consumers import Session
 from broker.router.context import DEFERRED, Context, checked_sender, now_ms
-from broker.router.jobs import Pending
+from broker.router.jobs import Job
 from broker.router.requests import Publish, SendSignal
 from sdk.errors import AccessDenied, NotAuthorized, RelayError, SenderNotAllowed
 from sdk.ids import new_id
@@ -93,7 +93,7 @@ def queue_writes(
     message_id, sender = request.message_id, request.sender
     payload, parts, refused = remote_parts or (None, {}, [])
 
-    def result(job: Pending) -> dict[str, Any]:
+    def result(job: Job) -> dict[str, Any]:
         local = publish_result(ctx, message_id, plan, job.outcomes, already=already)
         return remote.remote_result(local, job, refused) if remote_parts else local
 

@@ -11,7 +11,7 @@ from broker.budget import check_budget
 from broker.publish import PublishRequest
 from broker.router.context import Context
 from broker.router.federation import MAX_QUEUED, RemotePart
-from broker.router.jobs import Pending
+from broker.router.jobs import Job
 from sdk import wire
 from sdk.subjects import endpoint_hash
 
@@ -50,7 +50,7 @@ def plan_remote(
 def queue_remote(
     ctx: Context,
     token: int,
-    job: Pending,
+    job: Job,
     request: PublishRequest,
     payload: Any,
     parts: dict[str, tuple[str, ...]],
@@ -80,7 +80,7 @@ def queue_remote(
 
 def remote_result(
     result: dict[str, Any],
-    job: Pending | None,
+    job: Job | None,
     refused: list[tuple[str, str, str]],
 ) -> dict[str, Any]:
     """A PublishResult with the remote parts: ``remote`` lists, by node, the subjects
@@ -118,9 +118,7 @@ def alive(ctx: Context, part: RemotePart) -> bool:
     return job is not None and job.awaits_node(part.node)
 
 
-def settle(
-    ctx: Context, token: int, job: Pending, node: str, outcome: tuple[str, str] | None
-) -> None:
+def settle(ctx: Context, token: int, job: Job, node: str, outcome: tuple[str, str] | None) -> None:
     job.outcomes[f"@{node}"] = outcome
     reply = ctx.jobs.answered(token, job)
     if reply is not None:

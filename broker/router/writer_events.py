@@ -13,7 +13,7 @@ import logging
 from typing import NamedTuple
 
 from broker.router.context import Context, now_ms
-from broker.router.jobs import WRITER_DEADLINE_MS, Pending
+from broker.router.jobs import WRITER_DEADLINE_MS, Job
 from sdk import wire
 from sdk.errors import Unavailable, from_code
 from sdk.paths import shard_of
@@ -227,7 +227,7 @@ def _timed_out(ctx: Context, shards: set[int]) -> str:
     return f"writer for shard {named} did not confirm within {waited}"
 
 
-def _answered(ctx: Context, token: int, job: Pending) -> None:
+def _answered(ctx: Context, token: int, job: Job) -> None:
     reply = ctx.jobs.answered(token, job)
     if reply is not None:
         ctx.replies.add(*reply)

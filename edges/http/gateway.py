@@ -123,7 +123,7 @@ class Gateway:
         self.server_key = server_key
         self.timeout = timeout
         self.auth = AuthFile(home.auth_file, home.owner_uid)
-        self._sessions: dict[str, Session] = {}
+        self._sessions: dict[str, IdentityConnection] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
         self._secrets: dict[str, Path] = {}  # public key -> its .key_secret in <home>/keys
 
@@ -160,7 +160,7 @@ class Gateway:
 
     # ------------------------------------------------------------------ its connection
 
-    async def session(self, principal: Principal) -> Session:
+    async def session(self, principal: Principal) -> IdentityConnection:
         """The connected session acting for ``principal`` (made on first use)."""
         self._forget_revoked()
         found = self._sessions.get(principal.id)
@@ -171,7 +171,8 @@ class Gateway:
             found = self._sessions.get(principal.id)
             if found is None:
                 sync = await asyncio.to_thread(self._connect, principal)
-                found = self._sessions[principal.id] = Session(principal, AsyncClient(sync))
+                found = IdentityConnection(principal, AsyncClient(sync))
+                self._sessions[principal.id] = found
         return found
 
     def _connect(self, principal: Principal) -> Any:
@@ -225,7 +226,7 @@ class Gateway:
         for session in list(self._sessions.values()):
             await session.sweep(now, linger)
 
-    def sessions(self) -> list[Session]:
+    def sessions(self) -> list[IdentityConnection]:
         return list(self._sessions.values())
 
     async def close(self) -> None:
@@ -233,7 +234,7 @@ class Gateway:
         await asyncio.gather(*(s.close() for s in sessions))
 
 
-class Session:
+class IdentityConnection:
     """One identity's connection, its inboxes (by endpoint) and observer hubs (by pattern)."""
 
     def __init__(self, principal: Principal, client: AsyncClient) -> None:

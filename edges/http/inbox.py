@@ -61,7 +61,7 @@ class Inbox:
         self.window = window
         self.held: dict[str, Held] = {}  # by message id
         self._arrived = asyncio.Event()
-        self.last_used = time.monotonic()  # idle inboxes are forgotten (Session.sweep)
+        self.last_used = time.monotonic()  # idle inboxes are forgotten (IdentityConnection.sweep)
 
     async def _hold(self, envelope: Envelope) -> None:
         answer = asyncio.get_running_loop().create_future()

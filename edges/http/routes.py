@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from edges.http.errors import invalid
-from edges.http.gateway import Peer, Session
+from edges.http.gateway import IdentityConnection, Peer
 from edges.http.inbox import INBOX_WINDOW, Held, Inbox
 from edges.http.streams import MODES, Stream
 from sdk.errors import EndpointNotFound, InvalidMessage, MessageNotFound, PayloadTooLarge
@@ -31,7 +31,7 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 # ---------------------------------------------------------------------- request helpers
 
 
-async def session_of(request: Request, *, token_in_query: bool = False) -> Session:
+async def session_of(request: Request, *, token_in_query: bool = False) -> IdentityConnection:
     """The session of whoever the request acts for (401 when nobody)."""
     gateway = request.app.state.gateway
     peer = Peer(
@@ -180,7 +180,7 @@ async def pending(request: Request) -> Response:
     return JSONResponse({"items": await session.client.pending(request.path_params["subject"])})
 
 
-def _held(session: Session, message_id: str, endpoint: str | None) -> Held:
+def _held(session: IdentityConnection, message_id: str, endpoint: str | None) -> Held:
     check_id(message_id, "message id")
     copies = session.held(message_id)
     if endpoint:

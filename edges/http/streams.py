@@ -19,7 +19,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from edges.http import sse
-from edges.http.gateway import Session
+from edges.http.gateway import IdentityConnection
 from edges.http.sse import (
     CUT,
     KEEPALIVE_S,
@@ -40,7 +40,7 @@ class StreamClosed(Exception):
 
 
 class Stream:
-    def __init__(self, session: Session, pattern: str) -> None:
+    def __init__(self, session: IdentityConnection, pattern: str) -> None:
         self.session = session
         self.pattern = pattern
         self.queue: asyncio.Queue[Outgoing] = asyncio.Queue()

@@ -1,4 +1,7 @@
-"""A data directory full of history, for the ops tests and benchmarks.
+"""A data directory full of history, for the ops tests (docs/ops.md's figures too).
+
+It is test data, not product: it moves message files the way a writer would, which no
+shipped code but the writer may do (docs/design.md invariant 1), so it lives here.
 
 `generate` writes real message files with the storage code (`deliver_batch`, then the
 renames a writer makes for claims and completions, and each file's mtime set to its
