@@ -17,7 +17,8 @@ from pathlib import Path
 
 from cli.auth import cmd_auth
 from cli.edges import cmd_bridge, cmd_http, cmd_mcp
-from cli.launch import cmd_ops, cmd_router, cmd_up, cmd_writer
+from cli.group import cmd_down, cmd_up
+from cli.launch import cmd_ops, cmd_router, cmd_writer
 from cli.operator import (
     cmd_config,
     cmd_dlq,
@@ -69,10 +70,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("writer", cmd_writer, "run the writer of one shard", client=False)
     p.add_argument("--shard", type=int, required=True)
     p.add_argument("--shards", type=int, default=DEFAULT_SHARDS)
-    p = command("up", cmd_up, "run the router and all writers in the foreground", client=False)
+    p = command(
+        "up", cmd_up, "run the router and all writers (foreground, or --detach)", client=False
+    )
     p.add_argument("--shards", type=int, default=DEFAULT_SHARDS)
     p.add_argument("--address")
     p.add_argument("--signals-address")
+    p.add_argument(
+        "--detach",
+        action="store_true",
+        help="run in the background (output in <home>/logs/up.log); return once ready",
+    )
+    p.add_argument(
+        "--wait", type=float, default=60.0, help="--detach: seconds to wait for ready (default 60)"
+    )
+    p = command("down", cmd_down, "stop the broker of the data directory", client=False)
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=15.0,
+        help="seconds to wait for a clean stop before killing (default 15)",
+    )
 
     p = command("publish", cmd_publish, "publish a message")
     p.add_argument("subject")

@@ -485,4 +485,4 @@ def _claimed_at(name: str) -> int:
 
 
 def main(home: Home, shard: int, shards: int) -> int:
-    return run_until_stopped(Writer(home, shard, shards), home.pid_file(f"writer-{shard}"))
+    return run_until_stopped(home, f"writer-{shard}", shards, lambda: Writer(home, shard, shards))
