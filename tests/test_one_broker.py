@@ -149,3 +149,51 @@ def test_relay_up_twice_the_second_is_refused_and_the_first_keeps_serving(tmp_pa
         first.terminate()
         assert first.wait(20) == 0  # the router's code: it was asked to stop
     wait_for(lambda: not locks.holders(home), what="every lock to be released")
+
+
+# ------------------------------------------------------------------ up --detach, down
+
+
+@pytest.mark.integration
+def test_up_detach_returns_once_ready_and_down_returns_once_all_is_gone(tmp_path):
+    home = Home(tmp_path / "h")
+    up = relay(home, "up", "--detach", "--shards", "2", timeout=90)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "ready" in up.stdout and str(home.root / "logs" / "up.log") in up.stdout
+        status = relay(home, "status", "--json")  # ready means served, at once
+        assert status.returncode == 0, status.stderr
+        assert status.stdout.count('"state": "up"') == 2
+        assert sorted(locks.holders(home)) == ["router", "up", "writer-0", "writer-1"]
+        again = relay(home, "up", "--detach")
+        assert again.returncode == LOCKED and "served already" in again.stderr
+        assert "relay up: ready" in (home.root / "logs" / "up.log").read_text()
+    finally:
+        down = relay(home, "down")
+    assert down.returncode == 0, down.stderr
+    assert "stopped" in down.stdout
+    assert locks.holders(home) == {}  # every process gone when it returns
+    assert list(home.run.glob("*.sock")) == []
+
+
+@pytest.mark.integration
+def test_down_stops_a_broker_started_process_by_process(broker):
+    down = broker.relay("down")
+    assert down.returncode == 0, down.stderr
+    assert {name: proc.poll() for name, proc in broker.procs.items()} == {
+        "router": 0,
+        "writer0": 0,
+        "writer1": 0,
+    }
+    assert list(broker.home.run.glob("*.sock")) == []
+
+
+@pytest.mark.integration
+def test_down_after_kill_9_removes_the_sockets_left_behind(broker):
+    for name in ("router", "writer0", "writer1"):
+        broker.kill(name, signal.SIGKILL)
+    assert list(broker.home.run.glob("*.sock"))  # libzmq leaves them to whoever binds next
+    down = broker.relay("down")
+    assert down.returncode == 0, down.stderr
+    assert "no broker runs" in down.stdout and "removed 5 stale socket files" in down.stdout
+    assert list(broker.home.run.glob("*.sock")) == []
