@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -15,12 +17,15 @@ from typing import Any
 
 from cli.output import emit, table
 from sdk.client import Client, connect
+from sdk.errors import Unavailable
+from sdk.paths import Home
 from sdk.types import AccessRule, Envelope, Signal
 
 
 def client_from_args(args: argparse.Namespace) -> Client:
     """The client the common options of a command that talks to the broker describe
-    (--address, --timeout, --key-file, --server-key; cli/main.py)."""
+    (--address, --timeout, --key-file, --server-key; cli/main.py). Edges use it as is:
+    started next to the router (a Procfile line), they wait for it to bind."""
     return connect(
         args.home,
         address=args.address,
@@ -28,6 +33,35 @@ def client_from_args(args: argparse.Namespace) -> Client:
         key_file=args.key_file,
         server_key=args.server_key,
     )
+
+
+def broker_client(args: argparse.Namespace) -> Client:
+    """`client_from_args` for an operator command: with no broker listening on an ipc://
+    address, Unavailable at once, saying how to start one, not after --timeout."""
+    home = Home(args.home)
+    address = args.address or home.router_address
+    if address.startswith("ipc://"):
+        how = "relay up" if args.home is None else f"relay --home {home.root} up"
+        _check_listening(home, address[len("ipc://") :], how)
+    return client_from_args(args)
+
+
+def _check_listening(home: Home, path: str, how: str) -> None:
+    start = f"start one with `{how}` (or `{how} --detach`)"
+    if not os.path.exists(path):
+        raise Unavailable(f"no broker runs on {home.root} (no {path}): {start}")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)  # a listening socket accepts at once; ZeroMQ drops us quietly
+    except ConnectionRefusedError:
+        raise Unavailable(
+            f"no broker runs on {home.root} (nothing listens on {path}, left by a broker "
+            f"that was killed): {start}"
+        ) from None
+    except OSError:
+        pass  # not ours to judge (a path too long, a permission): connect() will say
+    finally:
+        probe.close()
 
 
 def _payload(text: str) -> Any:
@@ -38,7 +72,7 @@ def _payload(text: str) -> Any:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    with client_from_args(args) as client:
+    with broker_client(args) as client:
         result = client.publish(
             args.subject, _payload(args.payload), sender=args.sender, reply_to=args.reply_to
         )
@@ -72,7 +106,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
         if args.count and seen >= args.count:
             done.set()
 
-    with client_from_args(args) as client:
+    with broker_client(args) as client:
         subscribe = client.observe if args.observe else client.subscribe
         subscribe(args.pattern, show)
         signal.signal(signal.SIGTERM, lambda *_: done.set())
@@ -82,7 +116,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
 
 
 def cmd_endpoints(args: argparse.Namespace) -> int:
-    with client_from_args(args) as client:
+    with broker_client(args) as client:
         if args.action == "register":
             info = client.register_endpoint(args.subject, shared=args.shared).to_wire()
             emit(args, info, lambda d: f"{d['subject']} -> {d['maildirPath']}")
@@ -110,7 +144,7 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
-    with client_from_args(args) as client:
+    with broker_client(args) as client:
         if args.action == "add":
             rule = AccessRule.from_wire(
                 {
@@ -145,7 +179,7 @@ def _letters_table(items: list[dict[str, Any]]) -> str:
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
-    with client_from_args(args) as client:
+    with broker_client(args) as client:
         if args.action == "purge":
             purged = client.purge_dead_letters(args.endpoint)
             emit(args, {"purged": purged}, lambda d: f"purged {purged} dead letters")
@@ -156,7 +190,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
 
 
 def cmd_pending(args: argparse.Namespace) -> int:
-    with client_from_args(args) as client:
+    with broker_client(args) as client:
         if args.complete or args.fail or args.requeue:
             info = client.status()["endpoints"]
             endpoint = next((e["hash"] for e in info if e["subject"] == args.subject), None)
@@ -191,7 +225,7 @@ def cmd_pending(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with client_from_args(args) as client:
+    with broker_client(args) as client:
         status = client.status()
 
     def human(s: dict[str, Any]) -> str:
@@ -229,7 +263,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    with client_from_args(args) as client:
+    with broker_client(args) as client:
         trace = client.trace(args.id)
 
     def human(t: dict[str, Any]) -> str:
@@ -257,7 +291,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_signals(args: argparse.Namespace) -> int:
-    with client_from_args(args) as client:
+    with broker_client(args) as client:
         if args.send:
             body = {
                 "type": args.send,
@@ -282,7 +316,7 @@ def cmd_signals(args: argparse.Namespace) -> int:
 
 
 def cmd_rebuild_index(args: argparse.Namespace) -> int:
-    with client_from_args(args) as client:
+    with broker_client(args) as client:
         count = client.rebuild_index()
     emit(args, {"messages": count}, lambda d: f"index rebuilt from the Maildir: {count} messages")
     return 0
@@ -306,7 +340,7 @@ def _put_setting(partial: dict[str, Any], item: str) -> bool:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    with client_from_args(args) as client:
+    with broker_client(args) as client:
         if args.action == "set":
             partial: dict[str, Any] = {}
             for item in args.settings:

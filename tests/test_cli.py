@@ -1,0 +1,66 @@
+"""The `relay` command as a newcomer meets it: what it says with no broker, where
+--home goes, exit codes, pipes, and output people can read."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from sdk.paths import Home
+from tests.harness import ROOT
+
+pytestmark = pytest.mark.integration
+
+A = "relay.agent.cli.a"
+SENDER = "relay.agent.cli.me"
+
+
+def relay(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+# Each with a --timeout far beyond the test's own: an answer at all means "at once".
+OPERATOR_COMMANDS = [
+    ["status"],
+    ["endpoints"],
+    ["endpoints", "register", A],
+    ["publish", A, "hi", "--from", SENDER],
+    ["subscribe", A],
+    ["trace", "01JD0000000000000000000000"],
+    ["dlq"],
+    ["pending", A],
+    ["rules"],
+    ["config"],
+    ["signals", A],
+    ["rebuild-index"],
+]
+
+
+@pytest.mark.parametrize("command", OPERATOR_COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_with_no_broker_every_operator_command_fails_at_once_saying_how_to_start_one(
+    tmp_path, command
+):
+    home = Home(tmp_path / "h").create()
+    result = relay("--home", str(home.root), *command, "--timeout", "600")
+    assert result.returncode == 1
+    assert "no broker runs on" in result.stderr
+    assert f"relay --home {home.root} up" in result.stderr
+
+
+def test_a_socket_file_nobody_listens_on_is_no_broker(tmp_path):
+    home = Home(tmp_path / "h").create()
+    left = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    left.bind(str(home.run / "router.sock"))  # what a broker killed with -9 leaves
+    left.close()
+    result = relay("--home", str(home.root), "status", "--timeout", "600")
+    assert result.returncode == 1
+    assert "nothing listens on" in result.stderr and "up" in result.stderr
