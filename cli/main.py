@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     ) -> argparse.ArgumentParser:
         p = commands.add_parser(name, help=help)
         p.set_defaults(func=func)
+        # Also after the command (`relay status --home DIR`); SUPPRESS keeps a --home
+        # given before it when this one is absent.
+        p.add_argument("--home", default=argparse.SUPPRESS, help="data directory")
         if client:
             p.add_argument("--json", action="store_true", help="machine-readable output")
             p.add_argument("--address", default=None, help="router address (default: ipc in home)")

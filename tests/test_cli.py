@@ -64,3 +64,13 @@ def test_a_socket_file_nobody_listens_on_is_no_broker(tmp_path):
     result = relay("--home", str(home.root), "status", "--timeout", "600")
     assert result.returncode == 1
     assert "nothing listens on" in result.stderr and "up" in result.stderr
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_home_is_taken_before_or_after_the_command(tmp_path, where):
+    home = Home(tmp_path / "h").create()
+    home_args = ["--home", str(home.root)]
+    args = [*home_args, "down"] if where == "before" else ["down", *home_args]
+    result = relay(*args)
+    assert result.returncode == 0, result.stderr
+    assert f"no broker runs on {home.root}" in result.stdout
