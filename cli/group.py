@@ -85,7 +85,7 @@ def _supervise(home: Home, args: argparse.Namespace) -> int:
                 continue
             if name == "router":
                 print(f"relay up: router exited with {code}; stopping", file=sys.stderr)
-                exit_code = code
+                exit_code = code if code >= 0 else 128 - code  # killed: as a shell says it
                 stopping.set()
                 break
             if time.monotonic() - started[name] < RESTART_GAP_S:

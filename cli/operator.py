@@ -85,6 +85,14 @@ def cmd_publish(args: argparse.Namespace) -> int:
             + "".join(f"\n  rejected {h}: {r}" for h, r in d["rejected"])
         ),
     )
+    if data["deliveredTo"] == 0:  # a script must not take "stored nowhere" for success
+        reasons = ", ".join(
+            f"{reason} ({data['details'].get(where, where)})" for where, reason in data["rejected"]
+        )
+        print(
+            f"relay: publish reached no endpoint: {reasons or 'no reason given'}", file=sys.stderr
+        )
+        return 1
     return 0
 
 
@@ -287,7 +295,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
         )
 
     emit(args, trace, human)
-    return 0
+    return 0 if trace["copies"] else 1
 
 
 def cmd_signals(args: argparse.Namespace) -> int:

@@ -74,3 +74,19 @@ def test_home_is_taken_before_or_after_the_command(tmp_path, where):
     result = relay(*args)
     assert result.returncode == 0, result.stderr
     assert f"no broker runs on {home.root}" in result.stdout
+
+
+def test_publish_to_no_endpoint_and_trace_of_no_message_exit_non_zero(broker):
+    nowhere = broker.relay("publish", "relay.agent.cli.nobody", "hi", "--from", SENDER)
+    assert nowhere.returncode == 1
+    assert "reached no endpoint: no_match (no matching endpoints)" in nowhere.stderr
+    assert "delivered to 0" in nowhere.stdout  # the id is still said: it is a dead letter
+    as_json = broker.relay("publish", "relay.agent.cli.nobody", "hi", "--from", SENDER, "--json")
+    assert as_json.returncode == 1 and '"deliveredTo": 0' in as_json.stdout
+    assert broker.relay("endpoints", "register", A).returncode == 0
+    somewhere = broker.relay("publish", A, "hi", "--from", SENDER)
+    assert somewhere.returncode == 0, somewhere.stderr
+    message_id = somewhere.stdout.split(":")[0]
+    assert broker.relay("trace", message_id).returncode == 0
+    unknown = broker.relay("trace", "01JD0000000000000000000000")
+    assert unknown.returncode == 1 and "no copy found" in unknown.stdout

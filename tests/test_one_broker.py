@@ -197,3 +197,17 @@ def test_down_after_kill_9_removes_the_sockets_left_behind(broker):
     assert down.returncode == 0, down.stderr
     assert "no broker runs" in down.stdout and "removed 5 stale socket files" in down.stdout
     assert list(broker.home.run.glob("*.sock")) == []
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 0), (signal.SIGKILL, 128 + 9)])
+def test_relay_up_exits_with_the_routers_code(tmp_path, sig, code):
+    home = Home(tmp_path / "h")
+    up = start_up(home)
+    try:
+        os.kill(locks.holders(home)["router"].pid, sig)
+        assert up.wait(30) == code
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
