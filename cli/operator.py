@@ -13,6 +13,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from cli.output import emit, table
@@ -98,10 +99,14 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 def cmd_subscribe(args: argparse.Namespace) -> int:
     done = threading.Event()
+    subscribed = threading.Event()
+    unsubscribe: list[Callable[[], None]] = []
     seen = 0
 
     def show(envelope: Envelope) -> None:
         nonlocal seen
+        if args.count and seen >= args.count:
+            return  # --observe: a message seen after the last one counted
         if args.json:
             print(json.dumps(envelope.to_wire()), flush=True)
         else:
@@ -112,11 +117,21 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
             )
         seen += 1
         if args.count and seen >= args.count:
+            # Before this message's ack leaves: with a credit of one, nothing more is
+            # handed to us, so exactly --count messages are taken (and acknowledged).
+            if subscribed.wait(args.timeout):
+                unsubscribe[0]()
             done.set()
 
     with broker_client(args) as client:
-        subscribe = client.observe if args.observe else client.subscribe
-        subscribe(args.pattern, show)
+        if args.observe:
+            unsubscribe.append(client.observe(args.pattern, show))
+        else:
+            # --count N takes exactly N: one message in hand at a time. A credit of N
+            # is not enough: each ack gives credit back before the N-th is handled.
+            credit = 1 if args.count else None
+            unsubscribe.append(client.subscribe(args.pattern, show, credit=credit))
+        subscribed.set()
         signal.signal(signal.SIGTERM, lambda *_: done.set())
         with contextlib.suppress(KeyboardInterrupt):
             done.wait()

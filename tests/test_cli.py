@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from sdk.paths import Home
-from tests.harness import ROOT
+from tests.harness import ROOT, depth, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -90,3 +90,18 @@ def test_publish_to_no_endpoint_and_trace_of_no_message_exit_non_zero(broker):
     assert broker.relay("trace", message_id).returncode == 0
     unknown = broker.relay("trace", "01JD0000000000000000000000")
     assert unknown.returncode == 1 and "no copy found" in unknown.stdout
+
+
+def test_subscribe_count_takes_exactly_that_many_from_a_backlog(broker):
+    client = broker.client()
+    client.register_endpoint(A)
+    ids = [client.publish(A, i, sender=SENDER).message_id for i in range(5)]
+    taken = broker.relay("subscribe", A, "--count", "2")
+    assert taken.returncode == 0, taken.stderr
+    assert [line.split()[0] for line in taken.stdout.splitlines()] == ids[:2]
+    assert client.pending(A) == []  # nothing more claimed, nothing left unacknowledged
+    assert depth(client, A) == 3
+    wait_for(
+        lambda: [c["state"] for i in ids[:2] for c in client.trace(i)["copies"]] == ["done"] * 2,
+        what="the two acks to be done",
+    )
