@@ -32,6 +32,7 @@ from cli.operator import (
     cmd_subscribe,
     cmd_trace,
 )
+from cli.output import pipe_closed
 from sdk.errors import RelayError
 
 DEFAULT_SHARDS = 2
@@ -206,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return args.func(args)
+    except BrokenPipeError:
+        return pipe_closed()
     except RelayError as exc:
         print(f"relay: {exc.code}: {exc}", file=sys.stderr)
         return 1

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cli.output import emit, table
+from cli.output import emit, pipe_closed, table
 from sdk.client import Client, connect
 from sdk.errors import Unavailable
 from sdk.paths import Home
@@ -98,7 +98,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_subscribe(args: argparse.Namespace) -> int:
-    done = threading.Event()
+    done, broken = threading.Event(), threading.Event()
     subscribed = threading.Event()
     unsubscribe: list[Callable[[], None]] = []
     seen = 0
@@ -108,13 +108,19 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
         if args.count and seen >= args.count:
             return  # --observe: a message seen after the last one counted
         if args.json:
-            print(json.dumps(envelope.to_wire()), flush=True)
+            line = json.dumps(envelope.to_wire())
         else:
-            print(
-                f"{envelope.id} {envelope.subject} from {envelope.sender}: "
-                f"{json.dumps(envelope.payload)}",
-                flush=True,
-            )
+            line = f"{envelope.id} {envelope.subject} from {envelope.sender}: "
+            line += json.dumps(envelope.payload)
+        try:
+            print(line, flush=True)
+        except BrokenPipeError:
+            # Nobody reads: this message was not shown, so it is neither acked nor
+            # nacked (a nack would make it a dead letter). The handler never returns;
+            # the process ends, and the message is the broker's to hand out again.
+            broken.set()
+            done.set()
+            threading.Event().wait()
         seen += 1
         if args.count and seen >= args.count:
             # Before this message's ack leaves: with a credit of one, nothing more is
@@ -135,7 +141,7 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, lambda *_: done.set())
         with contextlib.suppress(KeyboardInterrupt):
             done.wait()
-    return 0
+    return pipe_closed() if broken.is_set() else 0
 
 
 def cmd_endpoints(args: argparse.Namespace) -> int:
@@ -324,18 +330,23 @@ def cmd_signals(args: argparse.Namespace) -> int:
             }
             client.signal(args.pattern, Signal.from_wire(body), sender=args.sender)
             return 0
-        done = threading.Event()
+        done, broken = threading.Event(), threading.Event()
 
         def show(subject: str, sig: Signal) -> None:
             if args.json:
-                print(json.dumps({"subject": subject, **sig.to_wire()}), flush=True)
+                line = json.dumps({"subject": subject, **sig.to_wire()})
             else:
-                print(f"{subject} {sig.type} {sig.state} {json.dumps(sig.data)}", flush=True)
+                line = f"{subject} {sig.type} {sig.state} {json.dumps(sig.data)}"
+            try:
+                print(line, flush=True)
+            except BrokenPipeError:
+                broken.set()
+                done.set()
 
         client.on_signal(args.pattern, show)
         with contextlib.suppress(KeyboardInterrupt):
             done.wait()
-    return 0
+    return pipe_closed() if broken.is_set() else 0
 
 
 def cmd_rebuild_index(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from cli.output import PIPE_CLOSED
 from sdk.paths import Home
 from tests.harness import ROOT, depth, wait_for
 
@@ -105,3 +106,33 @@ def test_subscribe_count_takes_exactly_that_many_from_a_backlog(broker):
         lambda: [c["state"] for i in ids[:2] for c in client.trace(i)["copies"]] == ["done"] * 2,
         what="the two acks to be done",
     )
+
+
+def run_into_closed_pipe(broker, *args: str) -> tuple[int, str]:
+    """Run a command whose stdout is a pipe nobody reads any more (`| head` that has
+    exited): the read end is closed before the command can write."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "--home", str(broker.home.root), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    proc.stdout.close()
+    try:
+        return proc.wait(30), proc.stderr.read()
+    finally:
+        proc.stderr.close()
+
+
+def test_output_into_a_closed_pipe_ends_quietly(broker):
+    client = broker.client()
+    client.register_endpoint(A)
+    code, err = run_into_closed_pipe(broker, "endpoints")
+    assert (code, err) == (PIPE_CLOSED, "")
+    message_id = client.publish(A, 1, sender=SENDER).message_id
+    code, err = run_into_closed_pipe(broker, "subscribe", A, "--count", "1")
+    assert (code, err) == (PIPE_CLOSED, "")
+    # Not shown, so neither acknowledged nor made a dead letter.
+    assert client.dead_letters() == []
+    assert client.trace(message_id)["copies"][0]["state"] in ("new", "claimed")
