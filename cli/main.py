@@ -138,9 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state", default="active")
     p.add_argument("--from", dest="sender")
     command("rebuild-index", cmd_rebuild_index, "rebuild the message index from the Maildir")
-    p = command("config", cmd_config, "show or change reliability settings")
+    p = command("config", cmd_config, "show settings (all, a section or one), or change them")
     p.add_argument("action", nargs="?", default="get", choices=["get", "set"])
-    p.add_argument("settings", nargs="*", metavar="section.key=value")
+    p.add_argument(
+        "settings", nargs="*", metavar="KEY", help="get: section or section.key; set: key=value"
+    )
     p = command("auth", cmd_auth, "who may connect and send as what (auth.json)", client=False)
     p.add_argument(
         "action",

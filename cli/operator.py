@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from broker.config import RELIABILITY, RELIABILITY_SECTIONS
 from cli.output import emit, pipe_closed, table
 from sdk.client import Client, connect
 from sdk.errors import Unavailable
@@ -373,6 +374,24 @@ def _put_setting(partial: dict[str, Any], item: str) -> bool:
     return True
 
 
+def _settings(config: dict[str, Any]) -> dict[str, Any]:
+    """``section.key`` -> value: the config's two levels, flattened."""
+    return {f"{s}.{k}": v for s, values in config.items() for k, v in values.items()}
+
+
+def _own_layout(key: str) -> str:
+    """The seeds' reliability.rateLimit.x read as Relay's rateLimit.x (the layout that
+    get_config answers in; docs/operations.md)."""
+    section, _, rest = key.partition(".")
+    if section == RELIABILITY and rest.partition(".")[0] in RELIABILITY_SECTIONS:
+        return rest
+    return key
+
+
+def _show(settings: dict[str, Any]) -> str:
+    return "\n".join(f"{k} = {json.dumps(v)}" for k, v in settings.items())
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     with broker_client(args) as client:
         if args.action == "set":
@@ -381,14 +400,39 @@ def cmd_config(args: argparse.Namespace) -> int:
                 if not _put_setting(partial, item):
                     print(f"expected section.key=value, got {item!r}", file=sys.stderr)
                     return 2
+            before = _settings(client.get_config())
             config = client.set_config(partial)
         else:
             config = client.get_config()
-    emit(
-        args,
-        config,
-        lambda c: "\n".join(
-            f"{s}.{k} = {json.dumps(v)}" for s, vs in c.items() for k, v in vs.items()
-        ),
-    )
+    settings = _settings(config)
+    if args.action == "set":
+        changed = [k for k, v in settings.items() if before.get(k) != v]
+        emit(
+            args,
+            config,
+            lambda _c: (
+                "\n".join(
+                    f"{k}: {json.dumps(before.get(k))} -> {json.dumps(settings[k])}"
+                    for k in changed
+                )
+                or "nothing changed: every setting had that value already"
+            ),
+        )
+        return 0
+    if not args.settings:
+        emit(args, config, lambda _c: _show(settings))
+        return 0
+    asked: dict[str, Any] = {}
+    for key in map(_own_layout, args.settings):
+        if key in settings:
+            asked[key] = settings[key]
+        elif key in config:  # a whole section
+            asked.update({k: v for k, v in settings.items() if k.startswith(f"{key}.")})
+        else:
+            print(f"relay: no setting {key!r}; sections: {', '.join(config)}", file=sys.stderr)
+            return 1
+    if len(args.settings) == 1 and _own_layout(args.settings[0]) in settings:
+        emit(args, next(iter(asked.values())), json.dumps)  # the value alone, for scripts
+    else:
+        emit(args, asked, _show)
     return 0

@@ -136,3 +136,25 @@ def test_output_into_a_closed_pipe_ends_quietly(broker):
     # Not shown, so neither acknowledged nor made a dead letter.
     assert client.dead_letters() == []
     assert client.trace(message_id)["copies"][0]["state"] in ("new", "claimed")
+
+
+def test_config_get_prints_one_key_and_set_prints_what_changed(broker):
+    one = broker.relay("config", "get", "rateLimit.maxPerWindow")
+    assert (one.returncode, one.stdout) == (0, "100\n"), one.stderr
+    seeds = broker.relay("config", "get", "reliability.rateLimit.maxPerWindow")
+    assert seeds.stdout == "100\n"
+    section = broker.relay("config", "get", "budget")
+    assert section.stdout.splitlines() == [
+        "budget.maxHops = 16",
+        "budget.maxTtlMs = 86400000",
+        "budget.maxCallBudget = 100",
+    ]
+    unknown = broker.relay("config", "get", "rateLimit.nope")
+    assert unknown.returncode == 1 and "no setting 'rateLimit.nope'" in unknown.stderr
+    changed = broker.relay(
+        "config", "set", "rateLimit.maxPerWindow=500", "circuitBreaker.enabled=true"
+    )
+    assert changed.returncode == 0, changed.stderr
+    assert changed.stdout == "rateLimit.maxPerWindow: 100 -> 500\n"  # enabled was true
+    again = broker.relay("config", "set", "rateLimit.maxPerWindow=500")
+    assert again.stdout.startswith("nothing changed")
