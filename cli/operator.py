@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.config import RELIABILITY, RELIABILITY_SECTIONS
-from cli.output import emit, pipe_closed, table
+from cli.output import emit, now_ms, pipe_closed, table, when, when_ago
 from sdk.client import Client, connect
 from sdk.errors import Unavailable
 from sdk.paths import Home
@@ -202,9 +202,21 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 
 def _letters_table(items: list[dict[str, Any]]) -> str:
+    now = now_ms()
     return table(
-        [(i["id"], i["endpoint"], i["subject"], i["from"], i["code"], i["reason"]) for i in items],
-        ("ID", "ENDPOINT", "SUBJECT", "FROM", "CODE", "REASON"),
+        [
+            (
+                i["id"],
+                when_ago(i["finishedAt"], now),
+                i["endpoint"],
+                i["subject"],
+                i["from"],
+                i["code"],
+                i["reason"],
+            )
+            for i in items
+        ],
+        ("ID", "FAILED", "ENDPOINT", "SUBJECT", "FROM", "CODE", "REASON"),
     )
 
 
@@ -248,7 +260,8 @@ def cmd_pending(args: argparse.Namespace) -> int:
             args,
             items,
             lambda its: table(
-                [(i["id"], i["from"], i["claimedAt"]) for i in its], ("ID", "FROM", "CLAIMED AT")
+                [(i["id"], i["from"], when_ago(i["claimedAt"], now_ms())) for i in its],
+                ("ID", "FROM", "CLAIMED"),
             ),
         )
     return 0
@@ -259,12 +272,18 @@ def cmd_status(args: argparse.Namespace) -> int:
         status = client.status()
 
     def human(s: dict[str, Any]) -> str:
+        now = now_ms()
         writers = ", ".join(
-            f"shard {w['shard']}: " + (f"pid {w['pid']}" if w["pid"] else w.get("state", "down"))
+            f"shard {w['shard']}: "
+            + (f"pid {w['pid']}" if w["pid"] else w.get("state", "down"))
+            + (f" ({w.get('state', 'up')} since {when(w['since'])})" if w.get("since") else "")
             for w in s["writers"]
         )
+        router = s["router"]
+        started = router.get("startedAt")
         lines = [
-            f"router pid {s['router']['pid']} on {s['router']['address']}",
+            f"router pid {router['pid']} on {router['address']}"
+            + (f", started {when_ago(started, now)}" if started else ""),
             f"writers: {writers}",
             f"clients {s['clients']}, subscriptions {s['subscriptions']}, "
             f"requests waiting on writers {s['pendingRequests']}",
@@ -282,7 +301,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             lag = ", ".join(f"{n} {k}" for n, k in sorted(fed.get("lag", {}).items()))
             lines.append(f"lag (messages not yet taken in, by node): {lag or 'unknown'}")
         rows = [
-            (e["subject"], e["hash"], e["depth"], f"{e['pressure']:.0%}", e["breaker"]["state"])
+            (e["subject"], e["hash"], e["depth"], f"{e['pressure']:.1%}", e["breaker"]["state"])
             for e in s["endpoints"]
         ]
         lines.append(table(rows, ("ENDPOINT", "HASH", "WAITING", "PRESSURE", "BREAKER")))
@@ -305,10 +324,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
                     c["endpoint"],
                     c["subject"],
                     c["state"],
-                    c["createdAt"],
-                    c["storedAt"],
-                    c["claimedAt"],
-                    c["finishedAt"],
+                    when(c["createdAt"], precise=True),
+                    when(c["storedAt"], precise=True),
+                    when(c["claimedAt"], precise=True),
+                    when(c["finishedAt"], precise=True),
                     c["reason"],
                 )
                 for c in t["copies"]

@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
-from cli.output import PIPE_CLOSED
+from cli.output import PIPE_CLOSED, ago, when, when_ago
 from sdk.paths import Home
 from tests.harness import ROOT, depth, wait_for
 
@@ -158,3 +162,67 @@ def test_config_get_prints_one_key_and_set_prints_what_changed(broker):
     assert changed.stdout == "rateLimit.maxPerWindow: 100 -> 500\n"  # enabled was true
     again = broker.relay("config", "set", "rateLimit.maxPerWindow=500")
     assert again.stdout.startswith("nothing changed")
+
+
+# ------------------------------------------------------------------ times for people
+
+ISO = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
+
+
+@pytest.fixture
+def utc(monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.parametrize(
+    ("before_ms", "said"),
+    [
+        (None, ""),
+        (400, "just now"),
+        (12_000, "12 s ago"),
+        (3 * 60_000 + 59_000, "3 min ago"),
+        (5 * 3_600_000, "5 h ago"),
+        (86_400_000, "1 day ago"),
+        (3 * 86_400_000, "3 days ago"),
+    ],
+)
+def test_ages_are_said_in_the_largest_whole_unit(before_ms, said):
+    now = 1_800_000_000_000
+    assert ago(None if before_ms is None else now - before_ms, now) == said
+
+
+def test_times_are_local_iso_date_times(utc):
+    assert when(1_800_000_000_123) == "2027-01-15 08:00:00"
+    assert when(1_800_000_000_123, precise=True) == "2027-01-15 08:00:00.123"
+    assert when_ago(1_800_000_000_123, 1_800_000_180_123) == "2027-01-15 08:00:00 (3 min ago)"
+
+
+def test_people_read_dates_ages_and_pressure_scripts_read_ms(broker):
+    client = broker.client()
+    client.register_endpoint(A)
+    ids = [client.publish(A, i, sender=SENDER).message_id for i in range(6)]
+    client.publish("relay.agent.cli.nobody", 1, sender=SENDER)
+    status = broker.relay("status").stdout
+    assert re.search(rf"started {ISO} \(", status), status
+    assert re.search(rf"{A} .* 6 +0\.6% ", status), status  # 6 of 1,000: not "1%"
+    letters = broker.relay("dlq").stdout
+    assert "FAILED" in letters.splitlines()[0]
+    assert re.search(rf"{ISO} \((just now|\d+ s ago)\) +_unroutable", letters), letters
+    as_json = json.loads(broker.relay("dlq", "--json").stdout)
+    assert isinstance(as_json[0]["finishedAt"], int)
+    release = threading.Event()
+    client.subscribe(A, lambda _e: release.wait(30), credit=1)  # holds the first
+    try:
+        wait_for(lambda: client.pending(A), what="a message to be claimed")
+        pending = broker.relay("pending", A).stdout
+        assert re.search(rf"{ids[0]} +{SENDER} +{ISO} \(", pending), pending
+    finally:
+        release.set()
+    trace = broker.relay("trace", ids[0]).stdout
+    assert re.search(rf"{ISO}\.\d{{3}} +{ISO}\.\d{{3}}", trace), trace
+    copy = json.loads(broker.relay("trace", ids[0], "--json").stdout)["copies"][0]
+    assert isinstance(copy["createdAt"], int) and isinstance(copy["storedAt"], int)
