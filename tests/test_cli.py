@@ -226,3 +226,29 @@ def test_people_read_dates_ages_and_pressure_scripts_read_ms(broker):
     assert re.search(rf"{ISO}\.\d{{3}} +{ISO}\.\d{{3}}", trace), trace
     copy = json.loads(broker.relay("trace", ids[0], "--json").stdout)["copies"][0]
     assert isinstance(copy["createdAt"], int) and isinstance(copy["storedAt"], int)
+
+
+def test_a_trace_never_stores_before_it_creates_and_a_nack_says_when_it_was_claimed(broker):
+    client = broker.client()
+    client.register_endpoint(A)
+    ids = [client.publish(A, i, sender=SENDER).message_id for i in range(40)]
+    copies = [client.trace(i)["copies"][0] for i in ids]
+    # With createdAt from time.time() and storedAt the file's (coarser) mtime, about
+    # three in five were stored 1-5 ms before they were created.
+    assert [c for c in copies if c["storedAt"] < c["createdAt"]] == []
+
+    def refuse(_envelope):
+        raise ValueError("not for me")
+
+    client.subscribe(A, refuse)
+    wait_for(
+        lambda: all(client.trace(i)["copies"][0]["state"] == "failed" for i in ids),
+        what="every copy nacked",
+    )
+    for message_id in ids:
+        copy = client.trace(message_id)["copies"][0]
+        assert copy["claimedAt"] is not None, copy
+        assert copy["createdAt"] <= copy["storedAt"] <= copy["claimedAt"] <= copy["finishedAt"]
+    before = [client.trace(i) for i in ids]
+    client.rebuild_index()  # the claim time is in the dead letter's file, not only the index
+    assert [client.trace(i) for i in ids] == before

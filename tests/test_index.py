@@ -89,10 +89,11 @@ def test_claims_dones_fails_and_requeues_move_rows_through_their_states(
     index.write(fails=[(c.id, c.endpoint, NOW + 7, "expired", "ttl")])  # no size: kept
     [ra], [rb], [rc], [rd] = (index.get(r.id) for r in (a, b, c, d))
     assert (ra.state, ra.claimed_at, ra.finished_at) == (State.DONE, NOW + 1, NOW + 5)
-    # a dead letter's file keeps no claim time, so neither does its row
+    # a failed row keeps its claim time, as the dead letter's file does
     assert rb == record(
         b.id,
         state=State.FAILED,
+        claimed_at=NOW + 2,
         finished_at=NOW + 6,
         reason="handler raised",
         reason_code="nack",

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from sdk.errors import MessageNotFound
 from sdk.ids import is_id, new_id
 from workers.faults import fault_point
+from workers.filenames import parse_name
 from workers.fsio import OPEN_READ, fsync_dir, read_fd, storage_error, store_file
 
 if TYPE_CHECKING:
@@ -95,6 +96,10 @@ def move_to_failed(
         "failedAt": now_ms,
         "endpoint": mailbox.endpoint,
     }
+    if source_dir == mailbox.cur_dir:  # a claimed message (a nack): when it was claimed
+        claimed_at = parse_name(name).claimed_at
+        if claimed_at is not None:
+            dead_letter["claimedAt"] = claimed_at
     envelope = None
     if keep_envelope:
         try:

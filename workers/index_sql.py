@@ -66,15 +66,16 @@ INSERT = (
 LOAD = INSERT.replace("INSERT OR REPLACE", "INSERT")  # into an emptied table
 CLAIM = "UPDATE messages SET state = 'claimed', claimed_at = ? WHERE id = ? AND endpoint = ?"
 DONE = "UPDATE messages SET state = 'done', finished_at = ? WHERE id = ? AND endpoint = ?"
-# A dead letter's file keeps no claim time (failed/<id>, docs/architecture.md), so its
-# row keeps none either: the rebuilt index must equal this one.
+# A failed row keeps its claim time: the dead letter of a claimed message keeps it too
+# (deadLetter.claimedAt in failed/<id>, docs/architecture.md), and one failed from new/
+# had none (a requeue clears it), so the rebuilt index equals this one.
 FAIL = (
-    "UPDATE messages SET state = 'failed', finished_at = ?, reason = ?, reason_code = ?, "
-    "claimed_at = NULL WHERE id = ? AND endpoint = ?"
+    "UPDATE messages SET state = 'failed', finished_at = ?, reason = ?, reason_code = ? "
+    "WHERE id = ? AND endpoint = ?"
 )
 FAIL_SIZED = (
     "UPDATE messages SET state = 'failed', finished_at = ?, reason = ?, reason_code = ?, "
-    "claimed_at = NULL, size = ? WHERE id = ? AND endpoint = ?"
+    "size = ? WHERE id = ? AND endpoint = ?"
 )
 REQUEUE = "UPDATE messages SET state = 'new', claimed_at = NULL WHERE id = ? AND endpoint = ?"
 DELETE = "DELETE FROM messages WHERE id = ? AND endpoint = ?"

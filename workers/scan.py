@@ -189,7 +189,7 @@ def _row_of(endpoint: str, subdir: str, name: str, dir_fd: int) -> tuple | None:
             State.FAILED,
             created_at if type(created_at) is int else id_time_ms(message_id),
             st.st_mtime_ns // 1_000_000,
-            None,
+            dead.get("claimedAt") if type(dead.get("claimedAt")) is int else None,
             dead["failedAt"],
             dead["reason"],
             dead["code"],
