@@ -130,7 +130,7 @@ class SubscriptionWorker:
         try:
             self.handler(envelope)
         except Exception as exc:
-            log.warning("handler failed on %s: %r", delivery.id, exc)
+            log.info("handler nacked %s: %r", delivery.id, exc)  # its choice: not a warning
             return f"handler error: {type(exc).__name__}: {exc}"[:1000]
         return None
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import socket
 import subprocess
@@ -252,3 +253,19 @@ def test_a_trace_never_stores_before_it_creates_and_a_nack_says_when_it_was_clai
     before = [client.trace(i) for i in ids]
     client.rebuild_index()  # the claim time is in the dead letter's file, not only the index
     assert [client.trace(i) for i in ids] == before
+
+
+def test_a_handlers_nack_is_no_warning_in_the_clients_log(broker, caplog):
+    client = broker.client()
+    client.register_endpoint(A)
+    client.publish(A, 1, sender=SENDER)
+
+    def refuse(_envelope):
+        raise ValueError("not for me")
+
+    with caplog.at_level(logging.INFO, logger="relay.client"):
+        client.subscribe(A, refuse)
+        wait_for(lambda: client.dead_letters(), what="the nack's dead letter")
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "nacked" in r.getMessage()]
+    assert [level for level, _ in said] == [logging.INFO], said
+    assert "ValueError('not for me')" in said[0][1]
