@@ -45,8 +45,11 @@ def _run_group(args: argparse.Namespace) -> int:
     except locks.DirectoryLocked as exc:
         print(f"relay up: {exc}", file=sys.stderr)
         return LOCKED
-    with lock:
-        return _supervise(home, args)
+    _held.append(lock)  # released by the kernel when this process ends, not before
+    return _supervise(home, args)
+
+
+_held: list[locks.Lock] = []
 
 
 def _supervise(home: Home, args: argparse.Namespace) -> int:

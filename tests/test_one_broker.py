@@ -180,7 +180,7 @@ def test_up_detach_returns_once_ready_and_down_returns_once_all_is_gone(tmp_path
 def test_down_stops_a_broker_started_process_by_process(broker):
     down = broker.relay("down")
     assert down.returncode == 0, down.stderr
-    assert {name: proc.poll() for name, proc in broker.procs.items()} == {
+    assert {name: proc.wait(10) for name, proc in broker.procs.items()} == {
         "router": 0,
         "writer0": 0,
         "writer1": 0,

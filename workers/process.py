@@ -54,13 +54,18 @@ def run_until_stopped(home: Home, name: str, shards: int, make: Callable[[], Ser
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    with lock:
-        try:
-            service = make()
-            service.stopping = service.stopping or stop_requested
-            service.start()
-            service.serve()
-        finally:
-            if service is not None:
-                service.close()
+    try:
+        service = make()
+        service.stopping = service.stopping or stop_requested
+        service.start()
+        service.serve()
+    finally:
+        if service is not None:
+            service.close()
+    # The lock is not released here but by the kernel when the process ends, so that a
+    # free lock means a process gone (`relay down` returns on it).
+    _held.append(lock)
     return 0
+
+
+_held: list[locks.Lock] = []
