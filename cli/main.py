@@ -17,7 +17,8 @@ from pathlib import Path
 
 from cli.auth import cmd_auth
 from cli.edges import cmd_bridge, cmd_http, cmd_mcp
-from cli.launch import cmd_ops, cmd_router, cmd_up, cmd_writer
+from cli.group import cmd_down, cmd_up
+from cli.launch import cmd_ops, cmd_router, cmd_writer
 from cli.operator import (
     cmd_config,
     cmd_dlq,
@@ -31,6 +32,7 @@ from cli.operator import (
     cmd_subscribe,
     cmd_trace,
 )
+from cli.output import pipe_closed
 from sdk.errors import RelayError
 
 DEFAULT_SHARDS = 2
@@ -48,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     ) -> argparse.ArgumentParser:
         p = commands.add_parser(name, help=help)
         p.set_defaults(func=func)
+        # Also after the command (`relay status --home DIR`); SUPPRESS keeps a --home
+        # given before it when this one is absent.
+        p.add_argument("--home", default=argparse.SUPPRESS, help="data directory")
         if client:
             p.add_argument("--json", action="store_true", help="machine-readable output")
             p.add_argument("--address", default=None, help="router address (default: ipc in home)")
@@ -69,10 +74,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("writer", cmd_writer, "run the writer of one shard", client=False)
     p.add_argument("--shard", type=int, required=True)
     p.add_argument("--shards", type=int, default=DEFAULT_SHARDS)
-    p = command("up", cmd_up, "run the router and all writers in the foreground", client=False)
+    p = command(
+        "up", cmd_up, "run the router and all writers (foreground, or --detach)", client=False
+    )
     p.add_argument("--shards", type=int, default=DEFAULT_SHARDS)
     p.add_argument("--address")
     p.add_argument("--signals-address")
+    p.add_argument(
+        "--detach",
+        action="store_true",
+        help="run in the background (output in <home>/logs/up.log); return once ready",
+    )
+    p.add_argument(
+        "--wait", type=float, default=60.0, help="--detach: seconds to wait for ready (default 60)"
+    )
+    p = command("down", cmd_down, "stop the broker of the data directory", client=False)
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=15.0,
+        help="seconds to wait for a clean stop before killing (default 15)",
+    )
 
     p = command("publish", cmd_publish, "publish a message")
     p.add_argument("subject")
@@ -116,9 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state", default="active")
     p.add_argument("--from", dest="sender")
     command("rebuild-index", cmd_rebuild_index, "rebuild the message index from the Maildir")
-    p = command("config", cmd_config, "show or change reliability settings")
+    p = command("config", cmd_config, "show settings (all, a section or one), or change them")
     p.add_argument("action", nargs="?", default="get", choices=["get", "set"])
-    p.add_argument("settings", nargs="*", metavar="section.key=value")
+    p.add_argument(
+        "settings", nargs="*", metavar="KEY", help="get: section or section.key; set: key=value"
+    )
     p = command("auth", cmd_auth, "who may connect and send as what (auth.json)", client=False)
     p.add_argument(
         "action",
@@ -185,6 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return args.func(args)
+    except BrokenPipeError:
+        return pipe_closed()
     except RelayError as exc:
         print(f"relay: {exc.code}: {exc}", file=sys.stderr)
         return 1

@@ -7,21 +7,28 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
+import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from cli.output import emit, table
+from broker.config import RELIABILITY, RELIABILITY_SECTIONS
+from cli.output import emit, now_ms, pipe_closed, table, when, when_ago
 from sdk import edge_state
 from sdk.client import Client, connect
+from sdk.errors import Unavailable
+from sdk.paths import Home
 from sdk.types import AccessRule, Envelope, Signal
 
 
 def client_from_args(args: argparse.Namespace) -> Client:
     """The client the common options of a command that talks to the broker describe
-    (--address, --timeout, --key-file, --server-key; cli/main.py)."""
+    (--address, --timeout, --key-file, --server-key; cli/main.py). Edges use it as is:
+    started next to the router (a Procfile line), they wait for it to bind."""
     return connect(
         args.home,
         address=args.address,
@@ -29,6 +36,35 @@ def client_from_args(args: argparse.Namespace) -> Client:
         key_file=args.key_file,
         server_key=args.server_key,
     )
+
+
+def broker_client(args: argparse.Namespace) -> Client:
+    """`client_from_args` for an operator command: with no broker listening on an ipc://
+    address, Unavailable at once, saying how to start one, not after --timeout."""
+    home = Home(args.home)
+    address = args.address or home.router_address
+    if address.startswith("ipc://"):
+        how = "relay up" if args.home is None else f"relay --home {home.root} up"
+        _check_listening(home, address[len("ipc://") :], how)
+    return client_from_args(args)
+
+
+def _check_listening(home: Home, path: str, how: str) -> None:
+    start = f"start one with `{how}` (or `{how} --detach`)"
+    if not os.path.exists(path):
+        raise Unavailable(f"no broker runs on {home.root} (no {path}): {start}")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)  # a listening socket accepts at once; ZeroMQ drops us quietly
+    except ConnectionRefusedError:
+        raise Unavailable(
+            f"no broker runs on {home.root} (nothing listens on {path}, left by a broker "
+            f"that was killed): {start}"
+        ) from None
+    except OSError:
+        pass  # not ours to judge (a path too long, a permission): connect() will say
+    finally:
+        probe.close()
 
 
 def _payload(text: str) -> Any:
@@ -39,7 +75,7 @@ def _payload(text: str) -> Any:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    with client_from_args(args) as client:
+    with broker_client(args) as client:
         result = client.publish(
             args.subject, _payload(args.payload), sender=args.sender, reply_to=args.reply_to
         )
@@ -52,38 +88,66 @@ def cmd_publish(args: argparse.Namespace) -> int:
             + "".join(f"\n  rejected {h}: {r}" for h, r in d["rejected"])
         ),
     )
+    if data["deliveredTo"] == 0:  # a script must not take "stored nowhere" for success
+        reasons = ", ".join(
+            f"{reason} ({data['details'].get(where, where)})" for where, reason in data["rejected"]
+        )
+        print(
+            f"relay: publish reached no endpoint: {reasons or 'no reason given'}", file=sys.stderr
+        )
+        return 1
     return 0
 
 
 def cmd_subscribe(args: argparse.Namespace) -> int:
-    done = threading.Event()
+    done, broken = threading.Event(), threading.Event()
+    subscribed = threading.Event()
+    unsubscribe: list[Callable[[], None]] = []
     seen = 0
 
     def show(envelope: Envelope) -> None:
         nonlocal seen
+        if args.count and seen >= args.count:
+            return  # --observe: a message seen after the last one counted
         if args.json:
-            print(json.dumps(envelope.to_wire()), flush=True)
+            line = json.dumps(envelope.to_wire())
         else:
-            print(
-                f"{envelope.id} {envelope.subject} from {envelope.sender}: "
-                f"{json.dumps(envelope.payload)}",
-                flush=True,
-            )
+            line = f"{envelope.id} {envelope.subject} from {envelope.sender}: "
+            line += json.dumps(envelope.payload)
+        try:
+            print(line, flush=True)
+        except BrokenPipeError:
+            # Nobody reads: this message was not shown, so it is neither acked nor
+            # nacked (a nack would make it a dead letter). The handler never returns;
+            # the process ends, and the message is the broker's to hand out again.
+            broken.set()
+            done.set()
+            threading.Event().wait()
         seen += 1
         if args.count and seen >= args.count:
+            # Before this message's ack leaves: with a credit of one, nothing more is
+            # handed to us, so exactly --count messages are taken (and acknowledged).
+            if subscribed.wait(args.timeout):
+                unsubscribe[0]()
             done.set()
 
-    with client_from_args(args) as client:
-        subscribe = client.observe if args.observe else client.subscribe
-        subscribe(args.pattern, show)
+    with broker_client(args) as client:
+        if args.observe:
+            unsubscribe.append(client.observe(args.pattern, show))
+        else:
+            # --count N takes exactly N: one message in hand at a time. A credit of N
+            # is not enough: each ack gives credit back before the N-th is handled.
+            credit = 1 if args.count else None
+            unsubscribe.append(client.subscribe(args.pattern, show, credit=credit))
+        subscribed.set()
         signal.signal(signal.SIGTERM, lambda *_: done.set())
         with contextlib.suppress(KeyboardInterrupt):
             done.wait()
-    return 0
+    return pipe_closed() if broken.is_set() else 0
 
 
 def cmd_endpoints(args: argparse.Namespace) -> int:
-    with client_from_args(args) as client:
+    with broker_client(args) as client:
         if args.action == "register":
             info = client.register_endpoint(args.subject, shared=args.shared).to_wire()
             emit(args, info, lambda d: f"{d['subject']} -> {d['maildirPath']}")
@@ -111,7 +175,7 @@ def cmd_endpoints(args: argparse.Namespace) -> int:
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
-    with client_from_args(args) as client:
+    with broker_client(args) as client:
         if args.action == "add":
             rule = AccessRule.from_wire(
                 {
@@ -139,14 +203,26 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 
 def _letters_table(items: list[dict[str, Any]]) -> str:
+    now = now_ms()
     return table(
-        [(i["id"], i["endpoint"], i["subject"], i["from"], i["code"], i["reason"]) for i in items],
-        ("ID", "ENDPOINT", "SUBJECT", "FROM", "CODE", "REASON"),
+        [
+            (
+                i["id"],
+                when_ago(i["finishedAt"], now),
+                i["endpoint"],
+                i["subject"],
+                i["from"],
+                i["code"],
+                i["reason"],
+            )
+            for i in items
+        ],
+        ("ID", "FAILED", "ENDPOINT", "SUBJECT", "FROM", "CODE", "REASON"),
     )
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
-    with client_from_args(args) as client:
+    with broker_client(args) as client:
         if args.action == "purge":
             purged = client.purge_dead_letters(args.endpoint)
             emit(args, {"purged": purged}, lambda d: f"purged {purged} dead letters")
@@ -157,7 +233,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
 
 
 def cmd_pending(args: argparse.Namespace) -> int:
-    with client_from_args(args) as client:
+    with broker_client(args) as client:
         if args.complete or args.fail or args.requeue:
             info = client.status()["endpoints"]
             endpoint = next((e["hash"] for e in info if e["subject"] == args.subject), None)
@@ -185,23 +261,30 @@ def cmd_pending(args: argparse.Namespace) -> int:
             args,
             items,
             lambda its: table(
-                [(i["id"], i["from"], i["claimedAt"]) for i in its], ("ID", "FROM", "CLAIMED AT")
+                [(i["id"], i["from"], when_ago(i["claimedAt"], now_ms())) for i in its],
+                ("ID", "FROM", "CLAIMED"),
             ),
         )
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with client_from_args(args) as client:
+    with broker_client(args) as client:
         status = client.status()
 
     def human(s: dict[str, Any]) -> str:
+        now = now_ms()
         writers = ", ".join(
-            f"shard {w['shard']}: " + (f"pid {w['pid']}" if w["pid"] else w.get("state", "down"))
+            f"shard {w['shard']}: "
+            + (f"pid {w['pid']}" if w["pid"] else w.get("state", "down"))
+            + (f" ({w.get('state', 'up')} since {when(w['since'])})" if w.get("since") else "")
             for w in s["writers"]
         )
+        router = s["router"]
+        started = router.get("startedAt")
         lines = [
-            f"router pid {s['router']['pid']} on {s['router']['address']}",
+            f"router pid {router['pid']} on {router['address']}"
+            + (f", started {when_ago(started, now)}" if started else ""),
             f"writers: {writers}",
             f"clients {s['clients']}, subscriptions {s['subscriptions']}, "
             f"requests waiting on writers {s['pendingRequests']}",
@@ -220,10 +303,19 @@ def cmd_status(args: argparse.Namespace) -> int:
             lag = ", ".join(f"{n} {k}" for n, k in sorted(fed.get("lag", {}).items()))
             lines.append(f"lag (messages not yet taken in, by node): {lag or 'unknown'}")
         rows = [
-            (e["subject"], e["hash"], e["depth"], f"{e['pressure']:.0%}", e["breaker"]["state"])
+            (
+                e["subject"],
+                e["hash"],
+                e["depth"],
+                e.get("claimed", ""),  # handed out, not answered (a router before 25: none)
+                when_ago(e["oldestClaimedAt"], now) if e.get("oldestClaimedAt") else "-",
+                f"{e['pressure']:.1%}",
+                e["breaker"]["state"],
+            )
             for e in s["endpoints"]
         ]
-        lines.append(table(rows, ("ENDPOINT", "HASH", "WAITING", "PRESSURE", "BREAKER")))
+        header = ("ENDPOINT", "HASH", "WAITING", "CLAIMED", "OLDEST CLAIM", "PRESSURE", "BREAKER")
+        lines.append(table(rows, header))
         return "\n".join(lines)
 
     emit(args, status, human)
@@ -231,7 +323,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    with client_from_args(args) as client:
+    with broker_client(args) as client:
         trace = client.trace(args.id)
 
     def human(t: dict[str, Any]) -> str:
@@ -245,10 +337,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
                     c["state"],
                     c.get("deliveries", ""),  # a router before issue 25 sends neither
                     c.get("parentId") or "-",
-                    c["createdAt"],
-                    c["storedAt"],
-                    c["claimedAt"],
-                    c["finishedAt"],
+                    when(c["createdAt"], precise=True),
+                    when(c["storedAt"], precise=True),
+                    when(c["claimedAt"], precise=True),
+                    when(c["finishedAt"], precise=True),
                     c["reason"],
                 )
                 for c in t["copies"]
@@ -268,11 +360,11 @@ def cmd_trace(args: argparse.Namespace) -> int:
         )
 
     emit(args, trace, human)
-    return 0
+    return 0 if trace["copies"] else 1
 
 
 def cmd_signals(args: argparse.Namespace) -> int:
-    with client_from_args(args) as client:
+    with broker_client(args) as client:
         if args.send:
             body = {
                 "type": args.send,
@@ -282,22 +374,27 @@ def cmd_signals(args: argparse.Namespace) -> int:
             }
             client.signal(args.pattern, Signal.from_wire(body), sender=args.sender)
             return 0
-        done = threading.Event()
+        done, broken = threading.Event(), threading.Event()
 
         def show(subject: str, sig: Signal) -> None:
             if args.json:
-                print(json.dumps({"subject": subject, **sig.to_wire()}), flush=True)
+                line = json.dumps({"subject": subject, **sig.to_wire()})
             else:
-                print(f"{subject} {sig.type} {sig.state} {json.dumps(sig.data)}", flush=True)
+                line = f"{subject} {sig.type} {sig.state} {json.dumps(sig.data)}"
+            try:
+                print(line, flush=True)
+            except BrokenPipeError:
+                broken.set()
+                done.set()
 
         client.on_signal(args.pattern, show)
         with contextlib.suppress(KeyboardInterrupt):
             done.wait()
-    return 0
+    return pipe_closed() if broken.is_set() else 0
 
 
 def cmd_rebuild_index(args: argparse.Namespace) -> int:
-    with client_from_args(args) as client:
+    with broker_client(args) as client:
         count = client.rebuild_index()
     emit(args, {"messages": count}, lambda d: f"index rebuilt from the Maildir: {count} messages")
     return 0
@@ -320,22 +417,65 @@ def _put_setting(partial: dict[str, Any], item: str) -> bool:
     return True
 
 
+def _settings(config: dict[str, Any]) -> dict[str, Any]:
+    """``section.key`` -> value: the config's two levels, flattened."""
+    return {f"{s}.{k}": v for s, values in config.items() for k, v in values.items()}
+
+
+def _own_layout(key: str) -> str:
+    """The seeds' reliability.rateLimit.x read as Relay's rateLimit.x (the layout that
+    get_config answers in; docs/operations.md)."""
+    section, _, rest = key.partition(".")
+    if section == RELIABILITY and rest.partition(".")[0] in RELIABILITY_SECTIONS:
+        return rest
+    return key
+
+
+def _show(settings: dict[str, Any]) -> str:
+    return "\n".join(f"{k} = {json.dumps(v)}" for k, v in settings.items())
+
+
 def cmd_config(args: argparse.Namespace) -> int:
-    with client_from_args(args) as client:
+    with broker_client(args) as client:
         if args.action == "set":
             partial: dict[str, Any] = {}
             for item in args.settings:
                 if not _put_setting(partial, item):
                     print(f"expected section.key=value, got {item!r}", file=sys.stderr)
                     return 2
+            before = _settings(client.get_config())
             config = client.set_config(partial)
         else:
             config = client.get_config()
-    emit(
-        args,
-        config,
-        lambda c: "\n".join(
-            f"{s}.{k} = {json.dumps(v)}" for s, vs in c.items() for k, v in vs.items()
-        ),
-    )
+    settings = _settings(config)
+    if args.action == "set":
+        changed = [k for k, v in settings.items() if before.get(k) != v]
+        emit(
+            args,
+            config,
+            lambda _c: (
+                "\n".join(
+                    f"{k}: {json.dumps(before.get(k))} -> {json.dumps(settings[k])}"
+                    for k in changed
+                )
+                or "nothing changed: every setting had that value already"
+            ),
+        )
+        return 0
+    if not args.settings:
+        emit(args, config, lambda _c: _show(settings))
+        return 0
+    asked: dict[str, Any] = {}
+    for key in map(_own_layout, args.settings):
+        if key in settings:
+            asked[key] = settings[key]
+        elif key in config:  # a whole section
+            asked.update({k: v for k, v in settings.items() if k.startswith(f"{key}.")})
+        else:
+            print(f"relay: no setting {key!r}; sections: {', '.join(config)}", file=sys.stderr)
+            return 1
+    if len(args.settings) == 1 and _own_layout(args.settings[0]) in settings:
+        emit(args, next(iter(asked.values())), json.dumps)  # the value alone, for scripts
+    else:
+        emit(args, asked, _show)
     return 0

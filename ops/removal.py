@@ -14,7 +14,6 @@ refuses to touch files behind a running writer's back.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import Any
 from ops.live import index_paths
 from sdk.errors import RelayError
 from sdk.paths import Home
+from workers import locks
 from workers.compaction import Hint, remove_finished
 from workers.index import MessageIndex
 from workers.maildir import Mailbox
@@ -122,16 +122,9 @@ class LocalRemoval:
 
 
 def running_processes(home: Home) -> dict[str, int]:
-    """Relay processes of this home that are alive, by their pid files."""
-    alive = {}
-    for pid_file in home.run.glob("*.pid"):
-        try:
-            pid = int(pid_file.read_text().strip())
-            os.kill(pid, 0)
-        except (ValueError, OSError):
-            continue
-        alive[pid_file.stem] = pid
-    return alive
+    """Relay processes of this home that are alive: the holders of its locks in run/
+    (workers/locks.py; a lock dies with its process, so none is stale)."""
+    return {name: holder.pid for name, holder in locks.holders(home).items()}
 
 
 def choose_removal(home: Home, mode: str = "auto", timeout: float = 60.0):

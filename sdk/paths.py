@@ -136,6 +136,3 @@ class Home:
 
     def shard_address(self, shard: int) -> str:
         return f"ipc://{self.run / f'shard-{shard}.sock'}"
-
-    def pid_file(self, name: str) -> Path:
-        return self.run / f"{name}.pid"

@@ -147,7 +147,7 @@ class SubscriptionWorker:
         except Nack as refusal:  # on purpose: the nack says it all
             return refusal.reason[:1000], refusal.code
         except Exception as exc:
-            log.warning("handler failed on %s: %r", delivery.id, exc)
+            log.info("handler nacked %s: %r", delivery.id, exc)  # its choice: not a warning
             return f"handler error: {type(exc).__name__}: {exc}"[:1000], "nack"
         return None
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 
 import pytest
@@ -12,6 +11,7 @@ from sdk import wire
 from sdk.client import connect
 from sdk.errors import InvalidSubject, LimitExceeded, PayloadTooLarge, Unavailable
 from tests.harness import Broker, wait_for
+from workers import locks
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +77,8 @@ def test_clean_shutdown_leaves_no_process_and_no_socket():
         client.publish(A, 1, sender=SENDER)
         codes = broker.stop()
         assert codes == {"router": 0, "writer0": 0, "writer1": 0}
-        assert os.listdir(broker.home.run) == []
+        assert [p.name for p in broker.home.run.iterdir() if not p.name.endswith(".lock")] == []
+        assert locks.holders(broker.home) == {}  # the lock files stay, held by nobody
         for name in ("index-0.db-wal", "index-1.db-wal"):
             path = broker.home.root / name
             assert not path.exists() or path.stat().st_size == 0, "WAL checkpointed"

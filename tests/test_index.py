@@ -93,11 +93,12 @@ def test_claims_dones_fails_and_requeues_move_rows_through_their_states(
     [ra], [rb], [rc], [rd] = (index.get(r.id) for r in (a, b, c, d))
     assert (ra.state, ra.claimed_at, ra.finished_at) == (State.DONE, NOW + 1, NOW + 5)
     assert ra.deliveries == 2  # done keeps the count of the claim it finished
-    # a dead letter's file keeps no claim time, so neither does its row; it keeps the
+    # a failed row keeps its claim time, as the dead letter's file does, and the
     # hand-outs its deadLetter says (none when not given)
     assert rb == record(
         b.id,
         state=State.FAILED,
+        claimed_at=NOW + 2,
         finished_at=NOW + 6,
         reason="handler raised",
         reason_code="nack",

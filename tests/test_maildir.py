@@ -291,6 +291,8 @@ def test_fail_writes_a_dead_letter_and_removes_the_original(box: Mailbox, claime
     size = box.fail(message_id, "handler raised KeyError", "nack", NOW + 7)
     path = Path(box.failed_dir) / message_id
     letter = json.loads(path.read_bytes())
+    # A claimed message's dead letter says when it was claimed (a nack's trace shows it).
+    claim = {"claimedAt": NOW} if claimed else {}
     assert letter == {
         **json.loads(data),
         "deadLetter": {
@@ -298,9 +300,11 @@ def test_fail_writes_a_dead_letter_and_removes_the_original(box: Mailbox, claime
             "code": "nack",
             "failedAt": NOW + 7,
             "endpoint": box.endpoint,
+            **claim,
             **({"deliveries": 1} if claimed else {}),  # it was handed out once
         },
     }
+    assert read_record(box, "failed", message_id).claimed_at == (NOW if claimed else None)
     assert size == path.stat().st_size
     assert path.stat().st_mtime_ns // 1_000_000 == stored_at  # stored_at survives a failure
     assert stat.S_IMODE(path.stat().st_mode) == 0o600

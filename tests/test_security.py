@@ -399,10 +399,11 @@ def no_umask() -> Iterator[None]:
         os.umask(old)
 
 
-def test_pid_files_are_owner_only_whatever_the_umask(no_umask, broker):  # no_umask first
-    pid_files = sorted(broker.home.run.glob("*.pid"))
-    assert [p.name for p in pid_files] == ["router.pid", "writer-0.pid", "writer-1.pid"]
-    for path in pid_files:
+def test_lock_files_are_owner_only_whatever_the_umask(no_umask, broker):  # no_umask first
+    lock_files = sorted(broker.home.run.glob("*.lock"))
+    names = ["router.lock", "start.lock", "writer-0.lock", "writer-1.lock"]
+    assert [p.name for p in lock_files] == names
+    for path in lock_files:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
 
 

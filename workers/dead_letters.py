@@ -97,6 +97,10 @@ def move_to_failed(
     # rebuilt index says it too.
     if source_dir == mailbox.cur_dir and (handed := _deliveries_in(name)):
         dead_letter["deliveries"] = handed
+    if source_dir == mailbox.cur_dir:  # a claimed message (a nack): when it was claimed
+        claimed_at = parse_name(name).claimed_at
+        if claimed_at is not None:
+            dead_letter["claimedAt"] = claimed_at
     envelope = None
     if keep_envelope:
         try:

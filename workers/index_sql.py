@@ -79,16 +79,17 @@ CLAIM = (
     "WHERE id = ? AND endpoint = ?"
 )
 DONE = "UPDATE messages SET state = 'done', finished_at = ? WHERE id = ? AND endpoint = ?"
-# A dead letter's file keeps no claim time (failed/<id>, docs/architecture.md), so its
-# row keeps none either, and only the hand-outs its deadLetter records: the rebuilt
-# index must equal this one.
+# A failed row keeps its claim time: the dead letter of a claimed message keeps it too
+# (deadLetter.claimedAt in failed/<id>, docs/architecture.md), and one failed from new/
+# had none (a requeue clears it); it keeps the hand-outs its deadLetter records. So the
+# rebuilt index equals this one.
 FAIL = (
     "UPDATE messages SET state = 'failed', finished_at = ?, reason = ?, reason_code = ?, "
-    "claimed_at = NULL, deliveries = ? WHERE id = ? AND endpoint = ?"
+    "deliveries = ? WHERE id = ? AND endpoint = ?"
 )
 FAIL_SIZED = (
     "UPDATE messages SET state = 'failed', finished_at = ?, reason = ?, reason_code = ?, "
-    "claimed_at = NULL, deliveries = ?, size = ? WHERE id = ? AND endpoint = ?"
+    "deliveries = ?, size = ? WHERE id = ? AND endpoint = ?"
 )
 # Back in new/, a copy counts no hand-out (workers.filenames.deliveries_of).
 REQUEUE = (

@@ -217,7 +217,7 @@ def _row_of(endpoint: str, subdir: str, name: str, dir_fd: int) -> ScanRow | Non
             state=State.FAILED,
             created_at=created_at if type(created_at) is int else id_time_ms(message_id),
             stored_at=st.st_mtime_ns // 1_000_000,
-            claimed_at=None,
+            claimed_at=dead.get("claimedAt") if type(dead.get("claimedAt")) is int else None,
             finished_at=dead["failedAt"],
             reason=dead["reason"],
             reason_code=dead["code"],

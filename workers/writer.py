@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
 from typing import Any
 
 import apsw
@@ -42,7 +41,7 @@ from sdk.errors import (
 from sdk.ids import is_id
 from sdk.paths import UNROUTABLE, Home, is_mailbox_name, shard_of
 from sdk.sockets import send_parts
-from workers import ingest
+from workers import clock, ingest
 from workers import protocol as proto
 from workers.compaction import remove_archived
 from workers.faults import fault_point
@@ -64,7 +63,8 @@ _WATCH_FLAGS = iflags.MOVED_TO | iflags.CLOSE_WRITE
 
 
 def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+    """Claims, completions, failures: on the clock of the files' mtimes (clock.py)."""
+    return clock.now_ms()
 
 
 class Writer:
@@ -518,4 +518,4 @@ def _claimed_at(name: str) -> int:
 
 
 def main(home: Home, shard: int, shards: int) -> int:
-    return run_until_stopped(Writer(home, shard, shards), home.pid_file(f"writer-{shard}"))
+    return run_until_stopped(home, f"writer-{shard}", shards, lambda: Writer(home, shard, shards))

@@ -9,7 +9,6 @@ all of them have).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -30,10 +29,13 @@ from sdk.errors import NotAuthorized, SenderNotAllowed
 from sdk.paths import Home
 from sdk.subjects import matches, validate
 from sdk.types import EndpointInfo
+from workers import clock
 
 
 def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+    """The router's clock: the one file mtimes come from (workers/clock.py), so a
+    message's createdAt is never after its storedAt."""
+    return clock.now_ms()
 
 
 DEFERRED = object()  # the reply is sent later, when the writers have answered

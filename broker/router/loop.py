@@ -465,5 +465,9 @@ def main(
     if soft != hard:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    router = Router(home, shards, address=address, signals_address=signals_address)
-    return run_until_stopped(router, home.pid_file("router"))
+    return run_until_stopped(
+        home,
+        "router",
+        shards,
+        lambda: Router(home, shards, address=address, signals_address=signals_address),
+    )
