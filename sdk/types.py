@@ -205,11 +205,6 @@ class Envelope:
         return cls.from_wire(loads_json(data))
 
 
-def _optional_id(d: Mapping[str, Any], name: str, path: str) -> str | None:
-    value = d.get(name)
-    return None if value is None else check_id(value, label_of(path, name))
-
-
 @dataclass(frozen=True, slots=True)
 class DeadLetterInfo:
     """Why and when a message was dead-lettered; ``deadLetter`` in a file in ``failed/``."""
