@@ -179,10 +179,25 @@ def test_the_stages_run_over_views_made_by_hand():
     spark = spark_session()
     copies = [
         # in COLUMNS order: id, endpoint, subject, sender, state, created_at, stored_at,
-        # claimed_at, finished_at, reason, reason_code, size
-        ("A", "e1", "s.one", "x", "done", 0, 1000, 1010, 1100, None, None, 10),
-        ("B", "e1", "s.one", "x", "new", 0, 2000, None, None, None, None, 10),
-        ("C", "e2", "s.two", "y", "failed", 0, 3000, None, 3000, "denied", "access_denied", 10),
+        # claimed_at, finished_at, reason, reason_code, size, parent_id, deliveries
+        ("A", "e1", "s.one", "x", "done", 0, 1000, 1010, 1100, None, None, 10, None, 1),
+        ("B", "e1", "s.one", "x", "new", 0, 2000, None, None, None, None, 10, None, 0),
+        (
+            "C",
+            "e2",
+            "s.two",
+            "y",
+            "failed",
+            0,
+            3000,
+            None,
+            3000,
+            "no",
+            "access_denied",
+            10,
+            None,
+            0,
+        ),
     ]
     live = spark.createDataFrame(copies, schema=_spark_schema(spark, INDEX_SCHEMA))
     live.createOrReplaceTempView("live")

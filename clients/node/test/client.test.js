@@ -28,7 +28,9 @@ test("hello, register, endpoints, unregister", () =>
     const info = await client.register(subject);
     assert.equal(info.subject, subject);
     assert.equal(info.hash, relay.subjects.endpointHash(subject));
-    assert.deepEqual(await client.register(subject), info);
+    const again = await client.register(subject); // a known endpoint: created false
+    assert.equal(info.created, true);
+    assert.deepEqual(again, { ...info, created: false });
     const listed = (await client.endpoints()).find((e) => e.subject === subject);
     assert.equal(listed.hash, info.hash);
     assert.equal(listed.depth, 0);
