@@ -448,7 +448,8 @@ class Bridge:
                 body = json.loads(message.data)
                 signal = Signal.from_wire(body["signal"])
                 data = {**(signal.data or {}), names.RELAYED_MARK: origin}
-                self.client.signal(subject, replace(signal, data=data), wait=False)
+                # Not waiting for room: this is the event loop (a full queue drops it).
+                self.client.signal(subject, replace(signal, data=data), wait=False, block=False)
             except (RelayError, ValueError, KeyError, TypeError) as exc:
                 log.info("bridge %s: signal on %s dropped: %s", self.node, subject, exc)
 

@@ -32,6 +32,7 @@ from sdk import subjects, wire
 from sdk.curve import CurveKeys, client_keys
 from sdk.errors import (
     InvalidMessage,
+    LimitExceeded,
     NotAuthorized,
     RelayError,
     Timeout,
@@ -456,19 +457,29 @@ class Client(ClientPlumbing):
     # ------------------------------------------------------------------ signals
 
     def signal(
-        self, subject: str, signal: Signal, *, sender: str | None = None, wait: bool = True
+        self,
+        subject: str,
+        signal: Signal,
+        *,
+        sender: str | None = None,
+        wait: bool = True,
+        block: bool = True,
     ) -> None:
         """Publish an ephemeral signal. With ``wait=False`` it is fire and forget: no
         round trip (many leave in one frame), and a refusal (access rule, sender not
         allowed, bad subject) is not reported; when `QUIET_SIGNALS_LIMIT` such signals
-        wait to leave, the call waits for room (a `Timeout` after the client's timeout)."""
+        wait to leave, the call waits for room (a `Timeout` after the client's timeout),
+        or, with ``block=False`` (for an event loop, which must not wait), is refused
+        at once (`LimitExceeded`): signals are at most once anyway."""
         fields = signal_fields(subject, signal, sender)
         if wait:
             self._call("signal", **fields)
             return
         try:
-            self._signal_quietly(fields, self.timeout)
+            self._signal_quietly(fields, self.timeout if block else 0)
         except Full as exc:
+            if not block:
+                raise LimitExceeded(f"signal not sent: {exc}") from None
             raise Timeout(f"signal not sent within {self.timeout:g} s: {exc}") from None
 
     def _signal_quietly(self, fields: dict[str, Any], timeout: float | None) -> None:

@@ -10,7 +10,7 @@ import pytest
 import zmq
 
 from sdk import wire
-from sdk.errors import AccessDenied
+from sdk.errors import AccessDenied, LimitExceeded
 from sdk.paths import UNROUTABLE
 from sdk.types import AccessRule, RuleAction, Signal, SignalType, default_budget
 from tests.harness import park_io_thread, signals_flowing, wait_for
@@ -220,6 +220,20 @@ def test_a_burst_of_signals_sent_without_waiting_arrives_whole_and_in_order(brok
         )
     wait_for(lambda: len(got) >= len(sent), what="every signal of the burst")
     assert got == sent
+
+
+def test_a_signal_that_must_not_block_is_refused_at_once_when_no_room_waits(broker, monkeypatch):
+    # For an event loop (the federation bridge's): a full queue refuses, never waits.
+    monkeypatch.setattr("sdk.client.QUIET_SIGNALS_LIMIT", 1)
+    client = broker.client(timeout=30)
+    release = park_io_thread(client)  # nothing leaves: the one place stays taken
+    try:
+        progress = Signal(SignalType.PROGRESS, "on", A, now_ms())
+        client.signal(A, progress, wait=False, block=False)
+        with pytest.raises(LimitExceeded):  # not Timeout: it did not wait for room
+            client.signal(A, progress, wait=False, block=False)
+    finally:
+        release.set()
 
 
 def _progress_seen(client) -> list[str]:

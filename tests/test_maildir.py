@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from sdk.errors import AlreadyClaimed, InvalidMessage, InvalidState, MessageNotFound, StorageError
 from sdk.ids import new_id
-from workers.filenames import FileName, deliveries_of, format_name, parse_name
+from workers.filenames import FileName, deliveries_of, format_name, parse_name, place_of
 from workers.group_commit import deliver_batch
 from workers.maildir import Mailbox
 from workers.records import MessageRecord, State
@@ -680,3 +680,27 @@ def test_an_id_that_is_not_a_ulid_never_becomes_a_path(box: Mailbox, bad_id: str
     results = deliver_batch([(box, bad_id, b"{}", "new"), (box, message_id, data, "new")])
     assert isinstance(results[0], InvalidMessage) and isinstance(results[1], int)
     assert box.list_new() == [message_id]
+
+
+def test_an_index_row_names_its_file_without_a_listing(box: Mailbox) -> None:
+    """place_of(row) is where the file is, in every state (the router reads a reply's
+    parent this way: one open, no listing of cur/)."""
+    ids = []
+    for _ in range(5):
+        message_id, data = make_envelope()
+        box.deliver(message_id, data)
+        ids.append(message_id)
+    box.claim(ids[1], NOW)
+    box.claim(ids[2], NOW)
+    box.reclaim(ids[2], NOW + 1, 3)
+    box.claim(ids[3], NOW)
+    box.reclaim(ids[3], NOW + 1, 2)
+    box.complete(ids[3], NOW + 2)
+    box.fail(ids[4], "no", "nack", NOW + 3)
+    records = {r.id: r for r in iter_records(Path(box.root).parent, [box.endpoint])}
+    assert {r.state for r in records.values()} == set(State)
+    for record in records.values():
+        subdir, name = place_of(
+            record.state, record.id, record.claimed_at, record.finished_at, record.deliveries
+        )
+        assert (Path(box.root) / subdir / name).is_file(), (record.state, name)

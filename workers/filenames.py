@@ -84,6 +84,24 @@ def format_name(
     return name
 
 
+def place_of(
+    state: State,
+    message_id: str,
+    claimed_at: int | None = None,
+    done_at: int | None = None,
+    deliveries: int = 0,
+) -> tuple[str, str]:
+    """(subdir, name) of the file an index row describes: a reader that has the row
+    opens the file at once, without listing cur/ (which grows with history)."""
+    if state is State.NEW:
+        return "new", message_id
+    if state is State.FAILED:
+        return "failed", message_id
+    if state is State.DONE:
+        return "cur", format_name(message_id, claimed_at, done_at, "S", deliveries)
+    return "cur", format_name(message_id, claimed_at, None, "", deliveries)
+
+
 def state_of(subdir: str, parsed: FileName) -> State:
     """The state of a file named ``parsed`` in ``subdir`` ("new", "cur" or "failed")."""
     if subdir == "new":

@@ -11,6 +11,7 @@ have reported each copy durable or failed.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from broker.budget import clamp
@@ -26,7 +27,8 @@ from sdk.ids import new_id
 from sdk.paths import UNROUTABLE, shard_of
 from sdk.types import Budget, EndpointInfo, SignalType, default_budget
 from workers import protocol as proto
-from workers.maildir import Mailbox
+from workers.filenames import place_of
+from workers.fsio import read_file
 
 # Signals the router itself emits: a client forging them would mislead every watcher.
 ROUTER_SIGNALS = frozenset({SignalType.DELIVERY_RECEIPT, SignalType.BACKPRESSURE})
@@ -152,11 +154,20 @@ def _budget(ctx: Context, req: Publish, sender: str, now: int) -> Budget:
 
 
 def _stored_budget(ctx: Context, message_id: str, endpoint_subject: str) -> Budget | None:
+    """The budget of the parent's copy delivered to the replier's endpoint, read from its
+    file, found through its index row: one lookup and one read, never a listing of
+    cur/ (the router's loop must not do I/O that grows with history)."""
     info = ctx.directory.by_subject.get(endpoint_subject)
     if info is None:
         return None
+    record = next((r for r in ctx.indexes.copies_of(message_id) if r.endpoint == info.hash), None)
+    if record is None:
+        return None
+    subdir, name = place_of(
+        record.state, message_id, record.claimed_at, record.finished_at, record.deliveries
+    )
     try:
-        _, data = Mailbox(ctx.home.mailbox(info.hash), info.hash).read(message_id)
+        data = read_file(os.path.join(ctx.home.mailbox(info.hash), subdir, name))
         return Budget.from_wire(json.loads(data)["budget"])
     except (RelayError, OSError, ValueError, KeyError, TypeError):
         return None  # moved meanwhile, compacted, or not a Relay envelope
