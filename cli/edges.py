@@ -23,7 +23,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     from edges.mcp_server import serve  # the mcp package is needed by this command only
 
     with client_from_args(args) as client:
-        serve(client, args.sender, http=args.http)
+        serve(client, args.sender, http=args.http, ack_wait=args.ack_wait)
     return 0
 
 
@@ -43,6 +43,7 @@ def cmd_http(args: argparse.Namespace) -> int:
         key_file=args.key_file,
         server_key=args.server_key,
         timeout=args.timeout,
+        ack_wait=args.ack_wait,
     )
 
 

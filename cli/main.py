@@ -163,8 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("mcp", cmd_mcp, "an MCP server: Relay's tools for one agent (stdio)")
     p.add_argument("--as", dest="sender", required=True, help="the sender subject it acts as")
     p.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP at /mcp instead")
+    _ack_wait_argument(p, "relay_inbox")
     p = command("http", cmd_http, "the HTTP + SSE gateway and the live console (docs/http.md)")
     p.add_argument("--listen", default="127.0.0.1:7480", help="HOST:PORT (default 127.0.0.1:7480)")
+    _ack_wait_argument(p, "an inbox read")
     p = command("bridge", cmd_bridge, "federation: this host's link to others over NATS")
     p.add_argument("--nats", required=True, metavar="URL[,URL...]", help="NATS servers")
     p.add_argument("--node", help="this host's node name (one subject token); required to run")
@@ -199,6 +201,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("ops", cmd_ops, "Spark jobs: compaction and metrics", client=False)
     p.add_argument("ops_args", nargs=argparse.REMAINDER, help="compact|metrics [options]")
     return parser
+
+
+def _ack_wait_argument(p: argparse.ArgumentParser, what: str) -> None:
+    """An edge's ack deadline: it holds messages for clients it cannot see die."""
+    p.add_argument(
+        "--ack-wait",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help=f"a message {what} returned and nobody answered goes to the next reader "
+        "after this long (default 300)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,9 +6,11 @@ of everything it sends and as the default ``replyTo``. stdio by default (the MCP
 starts the process); ``--http HOST:PORT`` serves streamable HTTP at ``/mcp`` instead,
 every session then sharing that client, sender and inbox.
 
-The tools are described in edges.mcp_tools; what an agent reads and has not yet
-answered is held by edges.mcp_inbox; send-and-wait replies come through
-edges.mcp_replies. Results are JSON, twice: as text (for hosts and models that read
+The tools are described in edges.mcp_tools. `relay_inbox` fetches (the SDK's `fetch`,
+with an ack deadline) and keeps what it handed the agent in edges.held until
+`relay_ack` or `relay_nack` answers it, each a confirmed answer; `relay_send_and_wait`
+is the SDK's `request` (a reply inbox, the reply matched by ``parentId``). Results are
+JSON, twice: as text (for hosts and models that read
 text) and as ``structuredContent`` matching the tool's ``outputSchema`` (MCP 2025-06-18
 and later; hosts use it without parsing). A refusal is a tool error whose text starts
 with the Relay code (``sender_not_allowed: ...``), see docs/mcp.md.
@@ -16,12 +18,12 @@ with the Relay code (``sender_not_allowed: ...``), see docs/mcp.md.
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import inspect
 import logging
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
 
 import anyio
@@ -29,8 +31,7 @@ import mcp.types as types
 from mcp.server import Server
 from mcp.server.stdio import stdio_server
 
-from edges.mcp_inbox import Inbox
-from edges.mcp_replies import Replies, now_ms
+from edges.held import DEFAULT_ACK_WAIT_S, HeldMessages
 from edges.mcp_tools import (
     TOOLS,
     TOOLS_BY_NAME,
@@ -42,27 +43,37 @@ from edges.mcp_tools import (
 )
 from sdk import subjects
 from sdk.client import Client
-from sdk.errors import RelayError, Timeout, UnknownOperation
-from sdk.types import Budget, Envelope, PublishResult, Signal, SignalType, default_budget
+from sdk.errors import (
+    EndpointNotFound,
+    InvalidState,
+    LimitExceeded,
+    MessageNotFound,
+    RelayError,
+    UnknownOperation,
+)
+from sdk.message import Message
+from sdk.types import Budget, Envelope, PublishResult, Signal, SignalType
 
 log = logging.getLogger("relay.mcp")
-REPLY_ENDPOINT_SUFFIX = "replies"
+MAX_HELD = 64  # messages read and not yet answered, per server
+REMEMBERED = 256  # envelopes kept after their answer, so that a late relay_reply works
 
 
 class RelayTools:
     """The tools, carried out with one SDK client as one sender. Every method but
     `send_and_wait` blocks on the broker: the server runs them on worker threads."""
 
-    def __init__(self, client: Client, sender: str) -> None:
+    def __init__(self, client: Client, sender: str, ack_wait: float = DEFAULT_ACK_WAIT_S) -> None:
         self.client = client
         self.sender = subjects.validate(sender)
-        self.inbox = Inbox(client)
-        self.replies = Replies(client, f"{sender}.{REPLY_ENDPOINT_SUFFIX}")
+        self.held: HeldMessages[Message] = HeldMessages(ack_wait)
+        self._seen: OrderedDict[str, Envelope] = OrderedDict()  # read here, for relay_reply
+        self._seen_lock = threading.Lock()
 
     # ------------------------------------------------------------------ sending
 
     def _budget(self) -> Budget | None:
-        return carried_budget(self.inbox.held_budgets())
+        return carried_budget(m.envelope.budget for m in self.held.all(time.monotonic()))
 
     def send(self, subject: str, payload: Any, reply_to: str | None = None) -> dict[str, Any]:
         result = self.client.publish(
@@ -74,58 +85,86 @@ class RelayTools:
         )
         return _delivered(result)
 
-    def request(self, subject: str, payload: Any, timeout_s: float) -> tuple[str, int, Future]:
-        """Publish a request whose reply `send_and_wait` awaits: (id, ticket, reply)."""
-        self.replies.start()
-        now = now_ms()
-        budget = self._budget() or default_budget(now)
-        ttl, reply = self.replies.ticket(min(budget.ttl, now + int(timeout_s * 1000)), now)
-        try:
-            result = self.client.publish(
-                subject,
-                payload,
-                sender=self.sender,
-                reply_to=self.replies.subject,
-                budget=dataclasses.replace(budget, ttl=ttl),
-            )
-            _delivered(result)
-        except BaseException:
-            self.replies.forget(ttl)
-            raise
-        return result.message_id, ttl, reply
-
-    async def send_and_wait(self, subject: str, payload: Any, timeout_s: float) -> dict[str, Any]:
-        message_id, ttl, reply = await anyio.to_thread.run_sync(
-            self.request, subject, payload, timeout_s
+    def send_and_wait(self, subject: str, payload: Any, timeout_s: float) -> dict[str, Any]:
+        """The SDK's `request`: refused at once when no endpoint takes it, `timeout`
+        when no reply comes; a later reply is a dead letter (``late_reply``)."""
+        reply = self.client.request(
+            subject, payload, sender=self.sender, timeout=timeout_s, budget=self._budget()
         )
-        try:
-            envelope: Envelope = await asyncio.wait_for(asyncio.wrap_future(reply), timeout_s)
-        except TimeoutError:
-            raise Timeout(
-                f"no reply to {message_id} from {subject} within {timeout_s:g} s "
-                "(the request expires now: a later reply is refused)"
-            ) from None
-        finally:
-            self.replies.forget(ttl)
-        return {"requestId": message_id, "reply": envelope.to_wire()}
+        return {"requestId": reply.parent_id, "reply": reply.to_wire()}
 
     def reply(self, id: str, payload: Any) -> dict[str, Any]:
-        envelope = self.inbox.envelope(id)
+        with self._seen_lock:
+            envelope = self._seen.get(id)
+        if envelope is None:
+            raise MessageNotFound(f"message {id} was not read here with relay_inbox")
         return _delivered(self.client.reply(envelope, payload, sender=self.sender))
 
     # ------------------------------------------------------------------ receiving
 
     def read_inbox(self, endpoint: str, limit: int, wait_s: float) -> dict[str, Any]:
-        messages, earlier = self.inbox.read(endpoint, limit, wait_s)
-        return {"messages": [m.to_wire() for m in messages], "stillHeld": earlier}
+        """Fetch up to ``limit`` messages of ``endpoint`` (when none waits, wait up to
+        ``wait_s`` for one); they are held until answered or the ack deadline."""
+        subjects.validate(endpoint)
+        now = time.monotonic()
+        earlier = [m.id for m in self.held.of(endpoint, now)]
+        held = len(self.held.all(now))
+        if held >= MAX_HELD:
+            raise LimitExceeded(
+                f"{held} messages read and not answered (the limit is {MAX_HELD}): "
+                "relay_ack or relay_nack some first"
+            )
+        batch = min(limit, MAX_HELD - held)
+        fetched = self._fetch(endpoint, batch, 0.0)
+        if not fetched:
+            self._check_registered(endpoint)
+            if wait_s > 0:
+                fetched = self._fetch(endpoint, batch, wait_s)
+        self.held.hold(fetched, time.monotonic())
+        with self._seen_lock:
+            for message in fetched:
+                self._seen[message.id] = message.envelope
+            while len(self._seen) > REMEMBERED:
+                self._seen.popitem(last=False)
+        return {"messages": [_shown(m) for m in fetched], "stillHeld": earlier}
+
+    def _fetch(self, endpoint: str, batch: int, wait: float) -> list[Message]:
+        return self.client.fetch(endpoint, batch=batch, wait=wait, ack_wait=self.held.ack_wait)
+
+    def _check_registered(self, endpoint: str) -> None:
+        """Nothing to fetch: say so apart from an endpoint that does not exist (a fetch
+        of a subject no endpoint has just finds nothing)."""
+        if all(info.subject != endpoint for info in self.client.list_endpoints()):
+            raise EndpointNotFound(f"no endpoint {endpoint} is registered")
 
     def ack(self, endpoint: str, id: str) -> dict[str, Any]:
-        self.inbox.answer(endpoint, id, None)
-        return {"id": id, "endpoint": endpoint, "answer": "ack"}
+        message = self._answer(endpoint, id, lambda m: m.ack())
+        return {**_answered(message, "ack"), "endpoint": endpoint, "state": "done"}
 
     def nack(self, endpoint: str, id: str, reason: str) -> dict[str, Any]:
-        self.inbox.answer(endpoint, id, reason)
-        return {"id": id, "endpoint": endpoint, "answer": "nack", "reason": reason}
+        message = self._answer(endpoint, id, lambda m: m.nack(reason))
+        answer = _answered(message, "nack")
+        return {**answer, "endpoint": endpoint, "state": "failed", "reason": reason}
+
+    def _answer(self, endpoint: str, id: str, answer: Callable[[Message], None]) -> Message:
+        """Answer a held message; it returns once the router has applied the answer."""
+        found = self.held.find(id, endpoint, time.monotonic())
+        if not found:
+            raise InvalidState(
+                f"message {id} of {endpoint} is not held by this server (never read with "
+                "relay_inbox, answered already, or its ack deadline of "
+                f"{self.held.ack_wait:g} s passed and it was handed out again)"
+            )
+        message = found[0]
+        try:
+            answer(message)
+        except InvalidState as exc:
+            self.held.forget(message)
+            raise InvalidState(
+                f"message {id} of {endpoint} is no longer held by this server: {exc.message}"
+            ) from None
+        self.held.forget(message)
+        return message
 
     # ------------------------------------------------------------------ the rest
 
@@ -147,7 +186,7 @@ class RelayTools:
         return self.client.trace(id)
 
     def signal(self, subject: str, type: str, state: str) -> dict[str, Any]:
-        signal = Signal(SignalType(type), state, self.sender, now_ms())
+        signal = Signal(SignalType(type), state, self.sender, time.time_ns() // 1_000_000)
         self.client.signal(subject, signal, sender=self.sender)
         return {"subject": subject, "signal": signal.to_wire()}
 
@@ -200,6 +239,15 @@ def _delivered(result: PublishResult) -> dict[str, Any]:
         code, sentence = refusal
         raise Refused(f"{sentence} (message {result.message_id})", code=code)
     return data
+
+
+def _shown(message: Message) -> dict[str, Any]:
+    """A message as relay_inbox returns it: its envelope, and which hand-out this is."""
+    return {**message.envelope.to_wire(), "deliveries": message.deliveries}
+
+
+def _answered(message: Message, answer: str) -> dict[str, Any]:
+    return {"id": message.id, "answer": answer, "deliveries": message.deliveries}
 
 
 def _result(text: str, *, error: bool = False, structured: Any = None) -> types.CallToolResult:
@@ -256,15 +304,16 @@ async def serve_http(server: Server, host: str, port: int) -> None:
     await uvicorn.Server(config).serve()
 
 
-def serve(client: Client, sender: str, http: str | None = None) -> None:
-    """Serve the tools until the host closes stdin (stdio) or the process is stopped."""
-    tools = RelayTools(client, sender)
+def serve(
+    client: Client, sender: str, http: str | None = None, ack_wait: float = DEFAULT_ACK_WAIT_S
+) -> None:
+    """Serve the tools until the host closes stdin (stdio) or the process is stopped.
+    ``ack_wait``: seconds a message read with relay_inbox stays held unanswered before
+    the router hands it out again (docs/mcp.md, "Reading and answering")."""
+    tools = RelayTools(client, sender, ack_wait)
     server = build_server(tools)
-    try:
-        if http is None:
-            anyio.run(serve_stdio, server)
-        else:
-            host, _, port = http.rpartition(":")
-            anyio.run(serve_http, server, host or "127.0.0.1", int(port))
-    finally:
-        tools.inbox.close()  # a relay_inbox still waiting would hold the exit up
+    if http is None:
+        anyio.run(serve_stdio, server)
+    else:
+        host, _, port = http.rpartition(":")
+        anyio.run(serve_http, server, host or "127.0.0.1", int(port))

@@ -80,8 +80,15 @@ _ENVELOPE = _result(
         "budget": {"type": "object"},
         "createdAt": _COUNT,
         "payload": {"description": "any JSON value"},
+        "parentId": {"type": "string", "description": "a reply: the id of the message it answers"},
     },
+    ["id", "subject", "from", "replyTo", "budget", "createdAt", "payload"],
 )
+_DELIVERIES = {
+    "type": "integer",
+    "minimum": 1,
+    "description": "how many times it has been handed out, this time included (1 the first)",
+}
 _PUBLISHED = _result(
     {
         "messageId": {"type": "string"},
@@ -95,7 +102,15 @@ _PUBLISHED = _result(
     }
 )
 _COPIES = {"type": "array", "items": _result({"id": _TEXT, "endpoint": _TEXT, "state": _TEXT})}
-_ANSWERED = _result({"id": _TEXT, "endpoint": _TEXT, "answer": {"enum": ["ack", "nack"]}})
+_ANSWERED = _result(
+    {
+        "id": _TEXT,
+        "endpoint": _TEXT,
+        "answer": {"enum": ["ack", "nack"]},
+        "state": {"enum": ["done", "failed"], "description": "the message's state now"},
+        "deliveries": _DELIVERIES,
+    }
+)
 
 
 TOOLS: tuple[ToolSpec, ...] = (
@@ -116,7 +131,7 @@ TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "relay_send_and_wait",
         "Send a request to a subject and wait up to timeout_s seconds for its reply; "
-        "returns the reply message (the request expires when the wait ends).",
+        "returns the reply message (a reply that comes later is a dead letter).",
         _schema(
             {
                 "subject": _subject("the endpoint that should answer"),
@@ -136,7 +151,8 @@ TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "relay_inbox",
         "Claim up to limit messages waiting for an endpoint and return them; then "
-        "relay_reply if asked, and relay_ack (done) or relay_nack (failed) each one.",
+        "relay_reply if asked, and relay_ack (done) or relay_nack (failed) each one "
+        "before its ack deadline (then it goes to another reader).",
         _schema(
             {
                 "endpoint": _subject("the endpoint subject whose messages to read"),
@@ -162,7 +178,8 @@ TOOLS: tuple[ToolSpec, ...] = (
                     "type": "array",
                     "items": {
                         **_ENVELOPE,
-                        "properties": {**_ENVELOPE["properties"], "endpoint": _TEXT},
+                        "properties": {**_ENVELOPE["properties"], "deliveries": _DELIVERIES},
+                        "required": [*_ENVELOPE["required"], "deliveries"],
                     },
                 },
                 "stillHeld": {"type": "array", "items": _TEXT},

@@ -185,6 +185,41 @@ def test_python_publishes_node_consumes_acks_and_nacks(broker: Broker):
     )
 
 
+def test_node_requests_and_a_python_consumer_replies(broker: Broker):
+    """The Node client's request() and the Python SDK agree on the reply-inbox
+    convention: replyTo `_INBOX.<sender>.<nonce>`, the reply matched by parentId."""
+    python = broker.client()
+    python.register_endpoint("relay.interop.python")
+    asked: list[Envelope] = []
+
+    def answer(envelope: Envelope) -> None:
+        asked.append(envelope)
+        python.reply(envelope, {"answer": 42}, sender="relay.interop.python")
+
+    python.subscribe("relay.interop.python", answer)
+    peer = Peer(broker, "request", "relay.interop.python", "relay.interop.node", '{"q": 1}')
+    reply = peer.next()["reply"]
+    assert reply["payload"] == {"answer": 42}
+    assert reply["parentId"] == asked[0].id
+    assert asked[0].reply_to.startswith("_INBOX.relay.interop.node.")
+    peer.finish()
+    assert peer.proc.returncode == 0
+
+
+def test_python_requests_and_a_node_consumer_replies(broker: Broker):
+    python = broker.client()
+    python.register_endpoint("relay.interop.node")
+    peer = Peer(broker, "replier", "relay.interop.node", "1")
+    assert peer.next()["ready"]
+    reply = python.request("relay.interop.node", "ping", sender="relay.interop.python", timeout=15)
+    handled = peer.next()
+    assert reply.payload == {"echo": "ping"}
+    assert reply.parent_id == handled["id"]
+    assert handled["deliveries"] == 1
+    peer.finish()
+    assert peer.proc.returncode == 0
+
+
 def test_signals_from_python_to_node(broker: Broker):
     python = broker.client()
     peer = Peer(broker, "signals", "relay.interop.sig.*", "1")

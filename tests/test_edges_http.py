@@ -113,7 +113,7 @@ def test_unregister_removes_the_endpoint_and_keeps_its_mail(gw: RunningGateway) 
 
 
 def test_inbox_holds_messages_until_ack_or_nack(gw: RunningGateway) -> None:
-    register(gw)
+    info = register(gw)
     first = publish(gw, "first")["messageId"]
     second = publish(gw, "second")["messageId"]
 
@@ -124,20 +124,60 @@ def test_inbox_holds_messages_until_ack_or_nack(gw: RunningGateway) -> None:
     held = wait_for(both, what="both messages in the inbox")
     assert [m["id"] for m in held] == [first, second]
     assert held[0]["payload"] == "first" and held[0]["from"] == SENDER
+    assert [(m["endpoint"], m["deliveries"]) for m in held] == [(info["hash"], 1)] * 2
     # Read again: still held, since not answered.
     again = gw.http.get(f"/api/endpoints/{DEMO}/inbox").json()["messages"]
     assert [m["id"] for m in again] == [first, second]
     assert copy_state(gw, first) == "claimed"
 
-    assert gw.http.post(f"/api/messages/{first}/ack").status_code == 202
-    response = gw.http.post(f"/api/messages/{second}/nack", json={"reason": "cannot parse"})
-    assert response.status_code == 202
-    wait_for(lambda: copy_state(gw, first) == "done", what="the ack to land")
-    wait_for(lambda: copy_state(gw, second) == "failed", what="the nack to land")
+    acked = gw.http.post(f"/api/messages/{first}/ack")
+    assert acked.status_code == 200, acked.text
+    assert acked.json() == {
+        "id": first,
+        "endpoint": info["hash"],
+        "answer": "ack",
+        "state": "done",
+        "deliveries": 1,
+    }
+    assert copy_state(gw, first) == "done"  # confirmed: no waiting for it to land
+    nacked = gw.http.post(f"/api/messages/{second}/nack", json={"reason": "cannot parse"})
+    assert nacked.status_code == 200, nacked.text
+    assert (nacked.json()["state"], nacked.json()["reason"]) == ("failed", "cannot parse")
+    assert copy_state(gw, second) == "failed"
     letters = gw.http.get("/api/dead-letters").json()["items"]
-    assert [(d["id"], d["code"]) for d in letters] == [(second, "nack")]
-    assert "cannot parse" in letters[0]["reason"]
+    assert [(d["id"], d["code"], d["reason"]) for d in letters] == [
+        (second, "nack", "cannot parse")
+    ]
     assert gw.http.get(f"/api/endpoints/{DEMO}/inbox").json()["messages"] == []
+
+
+def test_the_ack_deadline_gives_an_unanswered_message_to_the_next_reader(
+    broker: Broker,
+) -> None:
+    """Given a gateway whose ack deadline is 0.5 s, when an HTTP client reads a message
+    and never answers, then it goes to the next consumer, handed out a second time, and
+    the gateway no longer holds it."""
+    with RunningGateway(broker, ack_wait=0.5) as gw:
+        register(gw)
+        message_id = publish(gw, "read, then silence")["messageId"]
+        (held,) = gw.http.get(f"/api/endpoints/{DEMO}/inbox").json()["messages"]
+        assert (held["id"], held["deliveries"]) == (message_id, 1)
+        (again,) = broker.client().fetch(DEMO, wait=10)
+        assert (again.id, again.deliveries) == (message_id, 2)
+        assert gw.http.get(f"/api/endpoints/{DEMO}/inbox").json()["messages"] == []
+        late = gw.http.post(f"/api/messages/{message_id}/ack")
+        assert late.status_code == 404, late.text
+        assert "ack deadline" in late.json()["error"]["message"]
+        again.ack()
+
+
+def test_messages_held_when_the_gateway_stops_go_to_the_next_reader(broker: Broker) -> None:
+    with RunningGateway(broker) as gw:
+        register(gw)
+        message_id = publish(gw, "held at the stop")["messageId"]
+        assert len(gw.http.get(f"/api/endpoints/{DEMO}/inbox").json()["messages"]) == 1
+    (again,) = broker.client().fetch(DEMO, wait=10)
+    assert (again.id, again.deliveries) == (message_id, 2)
 
 
 def test_an_inbox_read_claims_no_more_than_it_asks_for(gw: RunningGateway) -> None:

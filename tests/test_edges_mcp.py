@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -20,9 +22,8 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from edges.mcp_inbox import MAX_HELD
+from edges.mcp_server import MAX_HELD
 from edges.mcp_tools import TOOLS
-from sdk.subjects import endpoint_hash
 from sdk.types import Envelope
 from tests.harness import ROOT, Broker, depth, free_port, signals_flowing, wait_for
 
@@ -32,10 +33,21 @@ A = "relay.agent.proj.alice"
 B = "relay.agent.proj.bob"
 
 
+# `python -m cli ...` that first writes its pid to the file named by its first argument.
+WITH_PID = (
+    "import os, runpy, sys; open(sys.argv[1], 'w').write(str(os.getpid())); "
+    "sys.argv = ['relay', *sys.argv[2:]]; runpy.run_module('cli', run_name='__main__')"
+)
+
+
 @contextlib.asynccontextmanager
-async def agent(broker: Broker, sender: str, *extra: str) -> AsyncIterator[Client]:
-    """An MCP session with a `relay mcp --as sender` process on this broker."""
-    args = ["-m", "cli", "--home", str(broker.home.root), "mcp", "--as", sender, *extra]
+async def agent(
+    broker: Broker, sender: str, *extra: str, pid_file: Path | None = None
+) -> AsyncIterator[Client]:
+    """An MCP session with a `relay mcp --as sender` process on this broker; with
+    ``pid_file``, the process writes its pid there (for a test that kills it)."""
+    args = ["--home", str(broker.home.root), "mcp", "--as", sender, *extra]
+    args = ["-c", WITH_PID, str(pid_file), *args] if pid_file else ["-m", "cli", *args]
     params = StdioServerParameters(
         command=sys.executable, args=args, cwd=ROOT, env={"RELAY_LOG": "WARNING"}
     )
@@ -123,18 +135,17 @@ def test_two_agents_exchange_a_request_and_its_reply(broker: Broker) -> None:
                 assert request["from"] == A
                 replied = await call(bob, "relay_reply", id=request["id"], payload={"content": "4"})
                 assert replied["deliveredTo"] == 1
-                await call(bob, "relay_ack", endpoint=B, id=request["id"])
+                acked = await call(bob, "relay_ack", endpoint=B, id=request["id"])
+            assert acked["state"] == "done" and acked["deliveries"] == 1
             assert answer["requestId"] == request["id"]
+            assert answer["reply"]["parentId"] == request["id"]
             assert answer["reply"]["payload"] == {"content": "4"}
             assert answer["reply"]["from"] == B
             # The reply carried the request's budget on: one more hop, Bob in its chain.
             assert answer["reply"]["budget"]["ancestorChain"][:1] == [B]
-
-            async def acked() -> bool:
-                copies = (await call(alice, "relay_trace", id=request["id"]))["copies"]
-                return [c["state"] for c in copies] == ["done"]
-
-            await eventually(acked, "Bob's ack to mark the request done")
+            # The ack was confirmed: done when relay_ack returned, no waiting.
+            copies = (await call(alice, "relay_trace", id=request["id"]))["copies"]
+            assert [c["state"] for c in copies] == ["done"]
 
     run(scenario)
 
@@ -259,17 +270,55 @@ def test_inbox_holds_at_most_max_held_messages_then_asks_for_answers(broker: Bro
     run(scenario)
 
 
-def test_messages_read_and_not_answered_stay_claimed_after_the_server_exits(
-    broker: Broker,
-) -> None:
+def test_inbox_says_which_hand_out_each_message_is(broker: Broker) -> None:
     async def scenario() -> None:
         async with agent(broker, B) as bob:
             await call(bob, "relay_register_endpoint", subject=B)
-            await call(bob, "relay_send", subject=B, payload="read, never acked")
+            await call(bob, "relay_send", subject=B, payload="first time")
             message = await read_one(bob, B)
-        pending = broker.client().pending(B)
-        assert [p["id"] for p in pending] == [message["id"]]
-        assert pending[0]["endpoint"] == endpoint_hash(B)
+            assert message["deliveries"] == 1
+
+    run(scenario)
+
+
+def test_a_message_read_and_never_answered_goes_to_the_next_reader_when_the_server_is_killed(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """Given a message Bob's server read and never answered, when the server is killed
+    (-9, no goodbye), then the next reader gets it, handed out a second time."""
+    pid_file = tmp_path / "mcp.pid"
+
+    async def scenario() -> None:
+        read: dict[str, Any] = {}
+        with contextlib.suppress(Exception, BaseExceptionGroup):  # its pipe breaks
+            async with agent(broker, B, pid_file=pid_file) as bob:
+                await call(bob, "relay_register_endpoint", subject=B)
+                await call(bob, "relay_send", subject=B, payload="read, never acked")
+                read.update(await read_one(bob, B))
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        assert read["deliveries"] == 1
+        async with agent(broker, B) as again:
+            message = await read_one(again, B)
+            assert (message["id"], message["deliveries"]) == (read["id"], 2)
+            await call(again, "relay_ack", endpoint=B, id=message["id"])
+
+    run(scenario)
+
+
+def test_the_ack_deadline_gives_an_unanswered_message_to_the_next_reader(broker: Broker) -> None:
+    """`--ack-wait`: an agent that read a message and went quiet (its host hung, say)
+    holds it that long; then another reader gets it, and the first one's ack is refused."""
+
+    async def scenario() -> None:
+        async with agent(broker, B, "--ack-wait", "0.5") as bob, agent(broker, B) as other:
+            await call(bob, "relay_register_endpoint", subject=B)
+            await call(bob, "relay_send", subject=B, payload="slow")
+            first = await read_one(bob, B)
+            taken = await read_one(other, B)  # polled until the router took it back
+            assert (taken["id"], taken["deliveries"]) == (first["id"], 2)
+            late = await refusal(bob, "relay_ack", endpoint=B, id=first["id"])
+            assert late.startswith(f"invalid_state: message {first['id']}"), late
+            assert (await call(bob, "relay_inbox", endpoint=B))["stillHeld"] == []
 
     run(scenario)
 
@@ -286,8 +335,9 @@ def test_send_and_wait_without_a_reply_is_a_timeout_tool_error(broker: Broker) -
     run(scenario)
 
 
-def test_a_reply_after_the_wait_ended_is_refused_to_the_replier(broker: Broker) -> None:
-    """The request's TTL is the end of the wait: a late reply is refused, not stored."""
+def test_a_reply_after_the_wait_ended_is_a_late_reply_dead_letter(broker: Broker) -> None:
+    """A reply that comes after send_and_wait gave up is kept as a dead letter with code
+    late_reply, never taken for the answer to a later request."""
 
     async def scenario() -> None:
         async with agent(broker, A) as alice, agent(broker, B) as bob:
@@ -295,19 +345,21 @@ def test_a_reply_after_the_wait_ended_is_refused_to_the_replier(broker: Broker) 
             text = await refusal(alice, "relay_send_and_wait", subject=B, payload=1, timeout_s=0.5)
             assert text.startswith("timeout: "), text
             request = await read_one(bob, B)
-            ttl = request["budget"]["ttl"]
-            wait_for(lambda: time.time() * 1000 > ttl, what="the request's TTL to pass")
-            late = await refusal(bob, "relay_reply", id=request["id"], payload="too late")
-            assert late.startswith("budget_exceeded: message expired (TTL)"), late
+            await call(bob, "relay_reply", id=request["id"], payload="too late")
+
+            async def letters() -> list[dict[str, Any]]:
+                found = await call(alice, "relay_dead_letters", endpoint=request["replyTo"])
+                return found["items"]
+
+            letter = (await eventually(letters, "the late reply's dead letter"))[0]
+            assert letter["code"] == "late_reply"
 
     run(scenario)
 
 
-def test_a_reply_without_the_requests_budget_is_a_dead_letter_not_the_answer(
-    broker: Broker,
-) -> None:
-    """Only a reply that carries the request's budget answers it; another message on the
-    reply endpoint is nacked with the reason, and the wait goes on."""
+def test_a_reply_is_matched_to_its_request_by_parent_id(broker: Broker) -> None:
+    """What answers a request is the message whose parentId is its id, whatever budget it
+    carries; a message in the reply inbox that answers nothing is a dead letter."""
     responder = broker.client()
     requests: list[Envelope] = []
     responder.register_endpoint(B)
@@ -320,16 +372,21 @@ def test_a_reply_without_the_requests_budget_is_a_dead_letter_not_the_answer(
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(into, answer, ask)
                 request = (await eventually(lambda: _now(requests), "the request"))[0]
-                responder.publish(request.reply_to, "fresh budget", sender=B)
+                assert request.reply_to.startswith(f"_INBOX.{A}.")
+                responder.publish(request.reply_to, "no parent", sender=B)
 
                 async def letters() -> list[dict[str, Any]]:
                     found = await call(alice, "relay_dead_letters", endpoint=request.reply_to)
                     return found["items"]
 
-                letter = (await eventually(letters, "the unmatched reply's dead letter"))[0]
-                assert "did not carry the request's budget" in letter["reason"]
-                responder.reply(request, "4", sender=B)
+                letter = (await eventually(letters, "the unmatched message's dead letter"))[0]
+                assert letter["code"] == "late_reply"
+                fresh = responder.publish_async(
+                    request.reply_to, "4", sender=B, parent_id=request.id
+                )
+                assert fresh.result(10).delivered_to == 1  # a fresh budget, the right parent
             assert answer["reply"]["payload"] == "4"
+            assert answer["requestId"] == request.id
 
     run(scenario)
 

@@ -1,4 +1,4 @@
-"""The pure rules of `relay mcp` (edges.mcp_tools, edges.mcp_replies): no broker."""
+"""The pure rules of `relay mcp` (edges.mcp_tools): no broker."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import pytest
 from jsonschema import Draft202012Validator
 
-from edges.mcp_replies import free_ttl
 from edges.mcp_tools import (
     DEFAULT_INBOX_LIMIT,
     TOOLS,
@@ -114,8 +113,3 @@ def test_checked_arguments_name_what_breaks_the_schema(tool, arguments, message)
     with pytest.raises(InvalidMessage, match=message) as refused:
         checked_arguments(tool, arguments)
     assert str(refused.value).startswith(f"{tool}: ")
-
-
-def test_free_ttl_steps_below_the_ttls_taken() -> None:
-    assert free_ttl(1_000, set()) == 1_000
-    assert free_ttl(1_000, {1_000, 999, 997}) == 998

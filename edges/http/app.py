@@ -19,6 +19,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from edges.held import DEFAULT_ACK_WAIT_S
 from edges.http.errors import HttpError, error_body, status_for
 from edges.http.gateway import Gateway
 from edges.http.guard import CrossSiteGuard, allowed_hosts
@@ -135,10 +136,12 @@ def serve(
     key_file: str | None = None,
     server_key: str | None = None,
     timeout: float = 10.0,
+    ack_wait: float = DEFAULT_ACK_WAIT_S,
 ) -> int:
     """Run the gateway in the foreground until SIGINT/SIGTERM (`relay http`). An address
     that is taken is retried until it is free (edges/http/listener.py): the process
-    stays up, so a Procfile group is not stopped because of it."""
+    stays up, so a Procfile group is not stopped because of it. ``ack_wait``: how long
+    a message an inbox read returned stays held unanswered (docs/http.md)."""
     import uvicorn
 
     host, port = parse_listen(listen)
@@ -154,7 +157,12 @@ def serve(
         if sock is None:  # stopped while retrying
             return 0
         gateway = Gateway(
-            home, address=address, key_file=key_file, server_key=server_key, timeout=timeout
+            home,
+            address=address,
+            key_file=key_file,
+            server_key=server_key,
+            timeout=timeout,
+            ack_wait=ack_wait,
         )
         app = build_app(gateway, (host, port))
         log.info("relay http on http://%s/ for the router at %s", listener.address, gateway.address)

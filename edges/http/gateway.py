@@ -12,6 +12,10 @@ has its own connection to the router, authenticated as that identity:
   on tcp:// (CURVE); on ipc:// the router can only tell uids apart.
 
 Clients are made on first use and kept; one whose key has left auth.json is closed.
+
+Each identity's inbox reads fetch (the SDK's `fetch`, with the gateway's ack deadline)
+and the messages they return are held in edges.held until the HTTP client acks or
+nacks them by id, with the router's confirmed answers.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.auth import AuthPolicy
+from edges.held import DEFAULT_ACK_WAIT_S, HeldMessages
 from edges.http.credentials import (
     bearer_token,
     connection_owner,
@@ -34,17 +39,17 @@ from edges.http.credentials import (
     tokens_by_hash,
 )
 from edges.http.errors import HttpError, unauthenticated
-from edges.http.inbox import Held, Inbox
 from edges.http.sse import HUB_LINGER_S, ObserverHub
-from sdk.aio import AsyncClient
+from sdk.aio import AsyncClient, AsyncMessage
 from sdk.client import connect
 from sdk.curve import load_secret
-from sdk.errors import RelayError, Unavailable
+from sdk.errors import EndpointNotFound, InvalidState, RelayError, Unavailable
 from sdk.paths import Home
 
 log = logging.getLogger("relay.http")
 
 OWNER = "owner"
+INBOX_WINDOW = 16  # messages held per identity and endpoint, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +121,10 @@ class Gateway:
         key_file: str | None = None,
         server_key: str | None = None,
         timeout: float = 10.0,
+        ack_wait: float = DEFAULT_ACK_WAIT_S,
     ) -> None:
         self.home = home
+        self.ack_wait = ack_wait
         self.address = address or home.router_address
         self.key_file = key_file
         self.server_key = server_key
@@ -171,7 +178,7 @@ class Gateway:
             found = self._sessions.get(principal.id)
             if found is None:
                 sync = await asyncio.to_thread(self._connect, principal)
-                found = IdentityConnection(principal, AsyncClient(sync))
+                found = IdentityConnection(principal, AsyncClient(sync), self.ack_wait)
                 self._sessions[principal.id] = found
         return found
 
@@ -235,20 +242,54 @@ class Gateway:
 
 
 class IdentityConnection:
-    """One identity's connection, its inboxes (by endpoint) and observer hubs (by pattern)."""
+    """One identity's connection, the messages its inbox reads hold (by id), and its
+    observer hubs (by pattern)."""
 
-    def __init__(self, principal: Principal, client: AsyncClient) -> None:
+    def __init__(
+        self, principal: Principal, client: AsyncClient, ack_wait: float = DEFAULT_ACK_WAIT_S
+    ) -> None:
         self.principal = principal
         self.client = client
-        self.inboxes: dict[str, Inbox] = {}
+        self.held: HeldMessages[AsyncMessage] = HeldMessages(ack_wait)
         self.hubs: dict[str, ObserverHub] = {}
         self._lock = asyncio.Lock()  # one subscribe at a time per session: no duplicates
 
-    def inbox(self, subject: str) -> Inbox:
-        if subject not in self.inboxes:
-            self.inboxes[subject] = Inbox(self.client, subject)
-        self.inboxes[subject].last_used = time.monotonic()  # not swept before its read
-        return self.inboxes[subject]
+    async def read(self, subject: str, limit: int, wait: float) -> list[AsyncMessage]:
+        """An inbox read: fetch what waits for ``subject``, up to ``limit`` held in all
+        (at most `INBOX_WINDOW`); with nothing held or waiting, wait up to ``wait``
+        seconds for a first one. Returns every message held for ``subject``, oldest
+        first: one read and not answered is listed again."""
+        limit = min(limit, INBOX_WINDOW)
+        room = limit - len(self.held.of(subject, time.monotonic()))
+        if room > 0:
+            fetched = await self._fetch(subject, room, 0.0)
+            if not fetched and not self.held.of(subject, time.monotonic()):
+                await self._check_registered(subject)
+                if wait > 0:
+                    fetched = await self._fetch(subject, room, wait)
+            self.held.hold(fetched, time.monotonic())
+        return self.held.of(subject, time.monotonic())[:limit]
+
+    async def _fetch(self, subject: str, batch: int, wait: float) -> list[AsyncMessage]:
+        return await self.client.fetch(subject, batch=batch, wait=wait, ack_wait=self.held.ack_wait)
+
+    async def _check_registered(self, subject: str) -> None:
+        """A fetch of a subject no endpoint has finds nothing: say which it is."""
+        if all(info.subject != subject for info in await self.client.list_endpoints()):
+            raise EndpointNotFound(f"endpoint {subject} is not registered")
+
+    async def answer(self, message: AsyncMessage, reason: str | None) -> None:
+        """Ack (``reason`` None) or nack a held message; returns once the router has
+        applied it, durably. `InvalidState` when the router no longer holds it for us."""
+        try:
+            if reason is None:
+                await message.ack()
+            else:
+                await message.nack(reason)
+        except InvalidState:
+            self.held.forget(message)
+            raise
+        self.held.forget(message)
 
     async def hub(self, pattern: str) -> ObserverHub:
         async with self._lock:
@@ -259,25 +300,19 @@ class IdentityConnection:
                 hub.idle_since = time.monotonic()
             return hub
 
-    def held(self, message_id: str) -> list[Held]:
-        """The held copies of a message, one per inbox (endpoint) that holds it."""
-        return [h for i in self.inboxes.values() if (h := i.find(message_id)) is not None]
-
     async def sweep(self, now: float, linger: float) -> None:
         async with self._lock:  # not while a stream is attaching to the hub it would close
             for pattern, hub in list(self.hubs.items()):
                 if hub.idle_for(now) > linger:
                     del self.hubs[pattern]
                     await hub.close()
-            for subject, inbox in list(self.inboxes.items()):
-                if inbox.idle(now, linger):
-                    del self.inboxes[subject]
+        self.held.all(now)  # forgets what passed its ack deadline
 
     async def close(self) -> None:
         """Close the connection: its "bye" ends every subscription at the router at once
-        (held messages stay claimed). Not one unsubscribe each: with the router already
-        gone (honcho stops all processes together) each would wait out its deadline."""
-        self.inboxes.clear()
+        and hands out again what it held unanswered. Not one unsubscribe each: with the
+        router already gone (honcho stops all processes together) each would wait out
+        its deadline."""
         self.hubs.clear()
         with contextlib.suppress(Exception):
             await self.client.close()

@@ -61,6 +61,11 @@ _COUNT = {"type": "integer", "minimum": 0}
 _MS = {"type": "integer", "minimum": 0, "description": "unix milliseconds"}
 _ID = {"type": "string", "description": "a message id (ULID)"}
 _HASH = {"type": "string", "description": "endpoint hash (12 hex characters) or _unroutable"}
+_DELIVERIES = {
+    "type": "integer",
+    "minimum": 1,
+    "description": "how many times it has been handed out, this time included (1 the first)",
+}
 _REMOVED = _object({"removed": _BOOL})
 # The stream's media type; its events are described in docs/http.md.
 _EVENTS = {"text/event-stream": {"schema": _STRING}}
@@ -120,7 +125,7 @@ OPERATIONS: list[tuple[str, str, str, list[dict], dict | None, int | tuple[int, 
     (
         "get",
         "/api/endpoints/{subject}/inbox",
-        "Claim what waits and list what is held for you (until ack or nack)",
+        "Claim what waits and list what is held for you (until ack, nack or the ack deadline)",
         [
             SUBJECT,
             _param("limit", "query", "at most this many (1-16)", {"type": "integer"}),
@@ -142,19 +147,19 @@ OPERATIONS: list[tuple[str, str, str, list[dict], dict | None, int | tuple[int, 
     (
         "post",
         "/api/messages/{id}/ack",
-        "Ack a held message",
+        "Ack a held message: answered once it is done, durably",
         [MESSAGE_ID, ENDPOINT_Q],
         _OBJ,
-        202,
+        200,
         _ref("Answer"),
     ),
     (
         "post",
         "/api/messages/{id}/nack",
-        "Nack a held message",
-        [MESSAGE_ID],
+        "Nack a held message: answered once it is a dead letter, durably",
+        [MESSAGE_ID, ENDPOINT_Q],
         _ref("Nack"),
-        202,
+        200,
         _ref("Answer"),
     ),
     (
@@ -351,12 +356,14 @@ SCHEMAS: dict[str, Any] = {
             "payload": {"description": "any JSON value"},
             "publishedTo": {**_STRING, "description": "the pattern published to, if not subject"},
             "republishedFrom": {**_ID, "description": "the dead letter this publishes again"},
+            "parentId": {**_ID, "description": "a reply: the id of the message it answers"},
         },
         ["id", "subject", "from", "replyTo", "budget", "createdAt", "payload"],
     ),
     "HeldMessage": {
-        "allOf": [_ref("Envelope"), _object({"endpoint": _HASH})],
-        "description": "an envelope held for you until ack or nack, and its endpoint",
+        "allOf": [_ref("Envelope"), _object({"endpoint": _HASH, "deliveries": _DELIVERIES})],
+        "description": "an envelope held for you until ack, nack or the ack deadline, its "
+        "endpoint, and which hand-out this is",
     },
     "PublishResult": _object(
         {
@@ -409,7 +416,11 @@ SCHEMAS: dict[str, Any] = {
             "id": _ID,
             "endpoint": _HASH,
             "answer": {"enum": ["ack", "nack"]},
-        }
+            "state": {"enum": ["done", "failed"], "description": "the message's state now"},
+            "deliveries": _DELIVERIES,
+            "reason": {"type": "string", "description": "a nack's reason"},
+        },
+        ["id", "endpoint", "answer", "state", "deliveries"],
     ),
     "MessageCopy": _object(
         {

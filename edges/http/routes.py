@@ -14,10 +14,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from edges.http.errors import invalid
-from edges.http.gateway import IdentityConnection, Peer
-from edges.http.inbox import INBOX_WINDOW, Held, Inbox
+from edges.http.gateway import INBOX_WINDOW, IdentityConnection, Peer
 from edges.http.streams import MODES, Stream
-from sdk.errors import EndpointNotFound, InvalidMessage, MessageNotFound, PayloadTooLarge
+from sdk.aio import AsyncMessage
+from sdk.errors import InvalidMessage, InvalidState, MessageNotFound, PayloadTooLarge
 from sdk.ids import check_id
 from sdk.subjects import validate
 from sdk.types import AccessRule, Budget, PublishResult, Signal
@@ -166,13 +166,17 @@ async def inbox(request: Request) -> Response:
     session = await session_of(request)
     limit = int(query_number(request, "limit", INBOX_WINDOW, 1, INBOX_WINDOW))
     wait = query_number(request, "wait", 0.0, 0.0, MAX_WAIT_S)
-    subject = validate(request.path_params["subject"])
-    endpoints = (await session.client.status())["endpoints"]
-    found = next((e for e in endpoints if e["subject"] == subject), None)
-    if found is None:
-        raise EndpointNotFound(f"endpoint {subject} is not registered")
-    held = await session.inbox(subject).read(limit, wait, waiting=found["depth"])
-    return JSONResponse({"messages": [h.to_wire() for h in held]})
+    held = await session.read(validate(request.path_params["subject"]), limit, wait)
+    return JSONResponse({"messages": [_shown(m) for m in held]})
+
+
+def _shown(message: AsyncMessage) -> dict[str, Any]:
+    """A held message: its envelope, its endpoint (hash) and which hand-out it is."""
+    return {
+        **message.envelope.to_wire(),
+        "endpoint": message.endpoint,
+        "deliveries": message.deliveries,
+    }
 
 
 async def pending(request: Request) -> Response:
@@ -180,15 +184,14 @@ async def pending(request: Request) -> Response:
     return JSONResponse({"items": await session.client.pending(request.path_params["subject"])})
 
 
-def _held(session: IdentityConnection, message_id: str, endpoint: str | None) -> Held:
+def _held(session: IdentityConnection, message_id: str, endpoint: str | None) -> AsyncMessage:
     check_id(message_id, "message id")
-    copies = session.held(message_id)
-    if endpoint:
-        copies = [h for h in copies if endpoint in (h.endpoint, h.envelope.subject)]
+    copies = session.held.find(message_id, endpoint or None, time.monotonic())
     if not copies:
         raise MessageNotFound(
-            f"message {message_id} is not held for you by this gateway "
-            "(read it from an endpoint's inbox first; an answered one is gone)"
+            f"message {message_id} is not held for you by this gateway (read it from an "
+            "endpoint's inbox first; an answered one is gone, and so is one whose ack "
+            f"deadline of {session.held.ack_wait:g} s passed: it went to the next reader)"
         )
     if len(copies) > 1:
         raise InvalidMessage(
@@ -197,23 +200,35 @@ def _held(session: IdentityConnection, message_id: str, endpoint: str | None) ->
     return copies[0]
 
 
-async def ack(request: Request) -> Response:
+async def _answer(request: Request, nack: bool) -> Response:
+    """Ack or nack a held message: answered 200 once the router has applied it."""
     session = await session_of(request)
     body = await json_body(request)
     endpoint = request.query_params.get("endpoint") or field(body, "endpoint", str, required=False)
-    held = _held(session, request.path_params["id"], endpoint)
-    Inbox.answer(held, None)
-    return JSONResponse({"id": held.envelope.id, "endpoint": held.endpoint, "answer": "ack"}, 202)
+    reason = (field(body, "reason", str, required=False) or "nacked over HTTP") if nack else None
+    message = _held(session, request.path_params["id"], endpoint)
+    try:
+        await session.answer(message, reason)
+    except InvalidState as exc:
+        raise InvalidState(
+            f"message {message.id} is no longer held for you: {exc.message}"
+        ) from None
+    answer = {
+        "id": message.id,
+        "endpoint": message.endpoint,
+        "answer": "nack" if nack else "ack",
+        "state": "failed" if nack else "done",
+        "deliveries": message.deliveries,
+    }
+    return JSONResponse({**answer, **({"reason": reason} if nack else {})})
+
+
+async def ack(request: Request) -> Response:
+    return await _answer(request, nack=False)
 
 
 async def nack(request: Request) -> Response:
-    session = await session_of(request)
-    body = await json_body(request)
-    endpoint = request.query_params.get("endpoint") or field(body, "endpoint", str, required=False)
-    reason = field(body, "reason", str, required=False) or "nacked over HTTP"
-    held = _held(session, request.path_params["id"], endpoint)
-    Inbox.answer(held, reason[:900])
-    return JSONResponse({"id": held.envelope.id, "endpoint": held.endpoint, "answer": "nack"}, 202)
+    return await _answer(request, nack=True)
 
 
 async def requeue(request: Request) -> Response:

@@ -6,8 +6,14 @@
  * to requests by `rid`, so any number of requests can be in flight. A SUB socket for
  * signals is opened on the first `onSignal`. While the client holds subscriptions or
  * unacknowledged messages it pings once a second (the router ends a session silent
- * for 5 s).
+ * for 5 s, and hands out again what it held).
+ *
+ * Messages come pushed to a subscription (`subscribe`, `consume`) or pulled (`fetch`);
+ * either way each says `deliveries` and answers itself with a confirmed `ack()`,
+ * `nack(reason)` or `inProgress()`. `request()` asks and waits for the reply
+ * (lib/replies.js); `sendRequest()` is the protocol's own request, any operation.
  */
+const crypto = require("node:crypto");
 const fs = require("node:fs");
 const os = require("node:os");
 const path = require("node:path");
@@ -15,15 +21,18 @@ const zmq = require("zeromq");
 
 const subjects = require("./subjects");
 const wire = require("./wire");
+const { ReplyInbox, LATE_REPLY } = require("./replies");
 const {
   InvalidMessageError,
   InvalidStateError,
   RelayError,
   TimeoutError,
   UnavailableError,
+  errorFromWire,
 } = require("./errors");
 
 const DEFAULT_TIMEOUT_MS = 10_000;
+const DEFAULT_REQUEST_TIMEOUT_MS = 30_000;
 const HEARTBEAT_MS = 1_000;
 
 /** The requests address of a data directory: ipc://$HOME/run/router.sock. */
@@ -51,7 +60,7 @@ function routerAddress(home) {
 async function connect(options = {}) {
   const client = new Client(options.address || routerAddress(options.home), options);
   try {
-    client.server = await client.request("hello", {
+    client.server = await client.sendRequest("hello", {
       client: options.name || `relay-node/${process.pid}`,
     });
   } catch (err) {
@@ -101,8 +110,10 @@ class Client {
     this._pending = new Map();
     /** subscription id -> Subscription */
     this._subs = new Map();
-    /** "id endpoint" of messages pushed to this client and not settled yet */
+    /** "id endpoint" of messages handed to this client and not settled yet */
     this._held = new Set();
+    /** sender -> Promise<ReplyInbox>: the reply inboxes of request() */
+    this._inboxes = new Map();
     this._sendChain = Promise.resolve();
     this._heartbeat = null;
     this._signals = null; // {socket, handlers: Map<key, {pattern, prefix, handler}>}
@@ -181,8 +192,8 @@ class Client {
       this._subs.delete(id);
       subscription.id = null;
       subscription.renewals += 1;
-      const { pattern, mode, credit } = subscription;
-      this.request("subscribe", { pattern, mode, credit }, { subscription }).catch((err) => {
+      const { pattern, mode, credit, ackWait } = subscription;
+      this.sendRequest("subscribe", { pattern, mode, credit, ackWait }, { subscription }).catch((err) => {
         subscription._end(false, err);
       });
     }
@@ -191,16 +202,18 @@ class Client {
   _onPush(push) {
     const subscription = this._subs.get(push.sub);
     if (!subscription) return; // its subscription ended; the message stays claimed
-    const message = new Message(this, subscription, push);
-    if (subscription.mode === "consume") {
-      this._held.add(message._key);
-      this._updateHeartbeat();
-      if (message.envelope === null) {
-        message.nack(`unreadable message: ${message.parseError}`).catch(() => {});
-        return;
-      }
-    }
+    const message = new Message(this, push, subscription);
+    if (subscription.mode === "consume" && !this._hold(message)) return;
     subscription._push(message);
+  }
+
+  /** A message claimed for us: ours until answered. False when it is unreadable (nacked). */
+  _hold(message) {
+    this._held.add(message._key);
+    this._updateHeartbeat();
+    if (message.envelope !== null) return true;
+    message.nack(`unreadable message: ${message.parseError}`).catch(() => {});
+    return false;
   }
 
   _failAll(error) {
@@ -224,11 +237,12 @@ class Client {
   }
 
   /**
-   * Send one request; resolves with its `result`, rejects with the typed error.
+   * Send one protocol request (any operation of docs/protocol.md); resolves with its
+   * `result`, rejects with the typed error.
    * @param {string} op @param {Record<string, unknown>} [fields]
    * @param {{timeout?: number}} [options]
    */
-  request(op, fields = {}, { timeout, subscription } = {}) {
+  sendRequest(op, fields = {}, { timeout, subscription } = {}) {
     if (this.closed) return Promise.reject(new UnavailableError("client is closed"));
     this._rid = this._rid >= 2 ** 31 ? 1 : this._rid + 1;
     const rid = this._rid;
@@ -253,22 +267,22 @@ class Client {
   // ---------------------------------------------------------------- endpoints
 
   async ping() {
-    return this.request("ping");
+    return this.sendRequest("ping");
   }
 
   /** Create the endpoint's mailbox (idempotent): {subject, hash, maildirPath, registeredAt}. */
   async register(subject) {
-    return this.request("register", { subject: subjects.validate(subject) });
+    return this.sendRequest("register", { subject: subjects.validate(subject) });
   }
 
   /** Remove the registration; its mailbox stays on disk. Resolves to whether it existed. */
   async unregister(subject) {
-    return (await this.request("unregister", { subject: subjects.validate(subject) })).removed;
+    return (await this.sendRequest("unregister", { subject: subjects.validate(subject) })).removed;
   }
 
   /** Registered endpoints, each with `depth` (messages waiting in new/). */
   async endpoints() {
-    return (await this.request("endpoints")).endpoints;
+    return (await this.sendRequest("endpoints")).endpoints;
   }
 
   // ---------------------------------------------------------------- publishing
@@ -289,7 +303,7 @@ class Client {
     subjects.validate(subject, { wildcards: true });
     subjects.validate(sender);
     if (replyTo != null) subjects.validate(replyTo);
-    return this.request(
+    return this.sendRequest(
       "publish",
       { subject, from: sender, payload, replyTo: replyTo ?? undefined, budget, parentId },
       { timeout },
@@ -312,6 +326,68 @@ class Client {
     });
   }
 
+  /**
+   * Publish a request and resolve with its reply's envelope: the message whose
+   * `parentId` is the request's id (the replier calls `reply`). Replies come to this
+   * client's reply inbox for the sender, `_INBOX.<sender>.<nonce>`, registered and
+   * consumed on first use. A request that reaches no endpoint rejects at once with its
+   * rejection's code (`no_match`, `access_denied`, ...); no reply within `timeout` ms
+   * (default 30 s): TimeoutError, and a reply that comes later is nacked with code
+   * `late_reply` (a dead letter).
+   *
+   * @param {string} subject @param {unknown} payload
+   * @param {{from?: string, timeout?: number, budget?: object}} [options]
+   * @returns {Promise<object>} the reply's envelope
+   */
+  async request(subject, payload, { from, timeout = DEFAULT_REQUEST_TIMEOUT_MS, budget } = {}) {
+    const sender = from ?? this.defaultFrom;
+    if (sender === undefined) throw new InvalidMessageError("request needs a sender: options.from");
+    const deadline = Date.now() + timeout;
+    const inbox = await this._replyInbox(subjects.validate(sender));
+    inbox.publishing();
+    let result;
+    try {
+      result = await this.publish(subject, payload, { from: sender, replyTo: inbox.subject, budget, timeout });
+    } catch (err) {
+      inbox.published(null);
+      throw err;
+    }
+    const reply = inbox.published(result.deliveredTo ? result.messageId : null);
+    if (!result.deliveredTo) throw refusal(subject, result);
+    let timer;
+    const expired = new Promise((resolve, reject) => {
+      timer = setTimeout(() => {
+        inbox.giveUp(result.messageId);
+        reject(new TimeoutError(`no reply to request ${result.messageId} on ${subject} within ${timeout / 1000} s`));
+      }, Math.max(0, deadline - Date.now()));
+    });
+    try {
+      return await Promise.race([reply, expired]);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /** This client's reply inbox for `sender`: registered and consumed on first use. */
+  _replyInbox(sender) {
+    let made = this._inboxes.get(sender);
+    if (!made) {
+      made = (async () => {
+        const inbox = new ReplyInbox(subjects.replyInbox(sender, crypto.randomBytes(6).toString("hex")));
+        await this.register(inbox.subject);
+        await this.consume(inbox.subject, async (message) => {
+          if (inbox.arrived(message.envelope)) return; // acked by consume
+          const reason = `no request waits for a reply to ${message.parentId}: it gave up, or never asked`;
+          await message.nack(reason, { code: LATE_REPLY });
+        });
+        return inbox;
+      })();
+      made.catch(() => this._inboxes.delete(sender));
+      this._inboxes.set(sender, made);
+    }
+    return made;
+  }
+
   // ---------------------------------------------------------------- consuming
 
   /**
@@ -320,16 +396,19 @@ class Client {
    * Leaving the loop (break, return, throw) ends the subscription; messages it had
    * received and not yet yielded stay claimed (see `pending`), at most `credit` of them.
    *
-   * @param {string} pattern @param {{credit?: number}} [options]
+   * `ackWait` (ms): a message not answered (nor `inProgress()`) by then is taken back
+   * and handed out again; default: never, while this client lives.
+   *
+   * @param {string} pattern @param {{credit?: number, ackWait?: number}} [options]
    * @returns {Promise<Subscription>}
    */
-  async subscribe(pattern, { credit } = {}) {
-    return this._subscribe(pattern, "consume", credit);
+  async subscribe(pattern, { credit, ackWait } = {}) {
+    return this._subscribe(pattern, "consume", credit, ackWait);
   }
 
   /** Watch every message stored from now on whose endpoint matches: no claim, no ack. */
   async observe(pattern) {
-    return this._subscribe(pattern, "observe", undefined);
+    return this._subscribe(pattern, "observe", undefined, undefined);
   }
 
   /**
@@ -339,11 +418,11 @@ class Client {
    *
    * @param {string} pattern
    * @param {(message: Message) => unknown} handler
-   * @param {{credit?: number, onError?: (err: Error) => void}} [options]
+   * @param {{credit?: number, ackWait?: number, onError?: (err: Error) => void}} [options]
    * @returns {Promise<Subscription>}
    */
-  async consume(pattern, handler, { credit, onError } = {}) {
-    const subscription = await this.subscribe(pattern, { credit });
+  async consume(pattern, handler, { credit, ackWait, onError } = {}) {
+    const subscription = await this.subscribe(pattern, { credit, ackWait });
     (async () => {
       for await (const message of subscription) {
         try {
@@ -362,26 +441,52 @@ class Client {
     return subscription;
   }
 
-  async _subscribe(pattern, mode, credit) {
+  async _subscribe(pattern, mode, credit, ackWait) {
     subjects.validate(pattern, { wildcards: true });
-    const subscription = new Subscription(this, pattern, mode, credit);
-    await this.request("subscribe", { pattern, mode, credit }, { subscription });
+    const subscription = new Subscription(this, pattern, mode, credit, ackWait);
+    await this.sendRequest("subscribe", { pattern, mode, credit, ackWait }, { subscription });
     return subscription;
+  }
+
+  /**
+   * Pull: claim up to `batch` messages waiting for the endpoints `pattern` matches,
+   * oldest first per endpoint, endpoints taking turns. Resolves as soon as one is
+   * claimed, or with [] after `wait` ms. Each message is held by this client until it
+   * calls `ack()` or `nack(reason)` (both confirmed by the router), or `ackWait` ms
+   * pass without an answer or `inProgress()`; if the client dies first, it is handed
+   * out again.
+   *
+   * @param {string} pattern
+   * @param {{batch?: number, wait?: number, ackWait?: number}} [options]
+   * @returns {Promise<Message[]>}
+   */
+  async fetch(pattern, { batch = 10, wait = 0, ackWait } = {}) {
+    subjects.validate(pattern, { wildcards: true });
+    const result = await this.sendRequest(
+      "fetch",
+      { pattern, batch, wait, ackWait },
+      { timeout: this.timeout + wait },
+    );
+    const messages = result.messages.map((item) => {
+      const data = typeof item.data === "string" ? Buffer.from(item.data, "utf8") : Buffer.from(item.data);
+      return new Message(this, { ...item, data }, null);
+    });
+    return messages.filter((message) => this._hold(message));
   }
 
   /** Claimed, never acknowledged messages of an endpoint (their consumer went away). */
   async pending(subject, { limit } = {}) {
-    return (await this.request("pending", { subject: subjects.validate(subject), limit })).items;
+    return (await this.sendRequest("pending", { subject: subjects.validate(subject), limit })).items;
   }
 
   /** An operator finishes a pending message as done. */
   async complete(id, endpoint) {
-    return this.request("complete", { id, endpoint });
+    return this.sendRequest("complete", { id, endpoint });
   }
 
   /** An operator finishes a pending message as failed (a dead letter). */
   async fail(id, endpoint, reason = "failed by operator") {
-    return this.request("fail", { id, endpoint, reason });
+    return this.sendRequest("fail", { id, endpoint, reason });
   }
 
   // ---------------------------------------------------------------- signals
@@ -405,7 +510,7 @@ class Client {
       data: signal.data,
     };
     if (wait) {
-      await this.request("signal", { subject, signal: body, from });
+      await this.sendRequest("signal", { subject, signal: body, from });
       return;
     }
     if (this.closed) throw new UnavailableError("client is closed");
@@ -480,44 +585,44 @@ class Client {
 
   /** Dead letters, optionally of one endpoint (hash, subject or "_unroutable"). */
   async deadLetters({ endpoint, limit } = {}) {
-    return (await this.request("dead_letters", { endpoint, limit })).items;
+    return (await this.sendRequest("dead_letters", { endpoint, limit })).items;
   }
 
   /** Delete dead letters (of one endpoint, or all); resolves to how many. */
   async purgeDeadLetters({ endpoint } = {}) {
-    return (await this.request("purge_dead_letters", { endpoint })).purged;
+    return (await this.sendRequest("purge_dead_letters", { endpoint })).purged;
   }
 
   async addRule(rule) {
-    return this.request("add_rule", { rule });
+    return this.sendRequest("add_rule", { rule });
   }
 
   async removeRule(from, to) {
-    return (await this.request("remove_rule", { from, to })).removed;
+    return (await this.sendRequest("remove_rule", { from, to })).removed;
   }
 
   async listRules() {
-    return (await this.request("list_rules")).rules;
+    return (await this.sendRequest("list_rules")).rules;
   }
 
   async getConfig() {
-    return this.request("get_config");
+    return this.sendRequest("get_config");
   }
 
   async setConfig(partial) {
-    return this.request("set_config", { config: partial });
+    return this.sendRequest("set_config", { config: partial });
   }
 
   async status() {
-    return this.request("status");
+    return this.sendRequest("status");
   }
 
   async trace(id) {
-    return this.request("trace", { id });
+    return this.sendRequest("trace", { id });
   }
 
   async rebuildIndex() {
-    return (await this.request("rebuild_index", {}, { timeout: Math.max(this.timeout, 120_000) })).messages;
+    return (await this.sendRequest("rebuild_index", {}, { timeout: Math.max(this.timeout, 120_000) })).messages;
   }
 
   // ---------------------------------------------------------------- lifecycle
@@ -528,8 +633,14 @@ class Client {
    */
   async close({ bye = true } = {}) {
     if (this.closed) return;
+    for (const made of bye && this.server ? this._inboxes.values() : []) {
+      // Its endpoint goes (its mailbox stays on disk), so that the inboxes of clients
+      // long gone do not pile up in the endpoint list.
+      const inbox = await made.catch(() => null);
+      if (inbox) await this.sendRequest("unregister", { subject: inbox.subject }, { timeout: 1000 }).catch(() => {});
+    }
     if (bye && this.server) {
-      await this.request("bye", {}, { timeout: 1000 }).catch(() => {});
+      await this.sendRequest("bye", {}, { timeout: 1000 }).catch(() => {});
     }
     this.closed = true;
     this._updateHeartbeat();
@@ -544,11 +655,12 @@ class Client {
 
 /** A subscription: an async iterable of Messages. */
 class Subscription {
-  constructor(client, pattern, mode, credit) {
+  constructor(client, pattern, mode, credit, ackWait) {
     this.client = client;
     this.pattern = pattern;
     this.mode = mode;
     this.credit = credit;
+    this.ackWait = ackWait;
     /** The router's subscription id: set when subscribe is answered, new when renewed. */
     this.id = null;
     /** How often the router lost it (restart, session timeout) and it was renewed. */
@@ -607,7 +719,7 @@ class Subscription {
     if (!this._unsubscribing) {
       this._unsubscribing = (async () => {
         if (!this.client.closed && this.id !== null) {
-          await this.client.request("unsubscribe", { sub: this.id }).catch(() => {});
+          await this.client.sendRequest("unsubscribe", { sub: this.id }).catch(() => {});
         }
         this._end(discard);
         this.client._updateHeartbeat();
@@ -619,21 +731,30 @@ class Subscription {
   }
 }
 
-/** A message pushed to a subscription. */
+/** A message handed to this client: pushed to a subscription, or fetched. */
 class Message {
-  constructor(client, subscription, push) {
+  /**
+   * @param {Client} client
+   * @param {{sub?: number, id: string, endpoint: string, deliveries?: number | null, data: Buffer}} handed
+   * @param {Subscription | null} subscription null for a fetched message
+   */
+  constructor(client, handed, subscription) {
     this._client = client;
     this.subscription = subscription;
-    /** subscription id, message id, endpoint hash: what ack/nack name */
-    this.sub = push.sub;
-    this.id = push.id;
-    this.endpoint = push.endpoint;
+    /** subscription id (none when fetched), message id, endpoint hash: what answers name */
+    this.sub = handed.sub;
+    this.id = handed.id;
+    this.endpoint = handed.endpoint;
+    /** how many times it has been handed out, this time included (1 the first) */
+    this.deliveries = Number.isInteger(handed.deliveries) ? handed.deliveries : null;
     /** the message file's bytes (UTF-8 JSON) */
-    this.data = push.data;
-    this.settled = subscription.mode !== "consume";
+    this.data = handed.data;
+    /** claimed for this client (consumed or fetched), so it must be answered */
+    this.claimed = subscription === null || subscription.mode === "consume";
+    this.settled = !this.claimed;
     this.parseError = null;
     try {
-      const envelope = JSON.parse(push.data.toString("utf8"));
+      const envelope = JSON.parse(handed.data.toString("utf8"));
       this.envelope = envelope && typeof envelope === "object" && !Array.isArray(envelope) ? envelope : null;
       if (this.envelope === null) this.parseError = "the envelope is not a JSON object";
     } catch (err) {
@@ -676,24 +797,45 @@ class Message {
     return this.envelope ? this.envelope.parentId ?? null : null;
   }
 
-  /** Mark the message done (sends a delivery_receipt signal to its sender). */
+  /**
+   * Mark the message done (sends a delivery_receipt signal to its sender). Resolves
+   * with `{state: "done"}` once the router has applied it, durably; rejects with
+   * InvalidStateError when this hand-out is no longer this client's.
+   */
   ack() {
     return this._settle("ack", {});
   }
 
-  /** Move the message to failed/ (a dead letter with code `nack`). */
-  nack(reason) {
-    return this._settle("nack", { reason });
+  /**
+   * Move the message to failed/: a dead letter with `reason` and code `nack` (or
+   * `options.code`). Resolves with `{state: "failed"}` once it is.
+   * @param {string} reason @param {{code?: string}} [options]
+   */
+  nack(reason, { code } = {}) {
+    return this._settle("nack", { reason, code });
+  }
+
+  /** Still working on it: its ack deadline starts again. Resolves with `{deliveries}`. */
+  async inProgress() {
+    this._answerable("in_progress");
+    return this._client.sendRequest("in_progress", this._handOut());
+  }
+
+  _answerable(op) {
+    if (!this.claimed) throw new InvalidStateError(`an observed message is not claimed: nothing to ${op}`);
+    if (this.settled) throw new InvalidStateError(`message ${this.id} was already settled`);
+  }
+
+  /** What every answer names: the message, its endpoint, and which hand-out it is. */
+  _handOut() {
+    return { sub: this.sub, id: this.id, endpoint: this.endpoint, deliveries: this.deliveries ?? undefined };
   }
 
   async _settle(op, fields) {
-    if (this.subscription.mode !== "consume") {
-      throw new InvalidStateError(`an observed message is not claimed: nothing to ${op}`);
-    }
-    if (this.settled) throw new InvalidStateError(`message ${this.id} was already settled`);
+    this._answerable(op);
     this.settled = true;
     try {
-      return await this._client.request(op, { sub: this.sub, id: this.id, endpoint: this.endpoint, ...fields });
+      return await this._client.sendRequest(op, { ...this._handOut(), ...fields });
     } catch (err) {
       if (!(err instanceof RelayError) || err instanceof TimeoutError) this.settled = false;
       throw err;
@@ -704,6 +846,16 @@ class Message {
       }
     }
   }
+}
+
+/** The typed error of a request that reached no endpoint. */
+function refusal(subject, result) {
+  if (!result.rejected || !result.rejected.length) {
+    return errorFromWire({ code: "no_match", message: `no endpoint for ${subject}` });
+  }
+  const [key, reason] = result.rejected[0];
+  const detail = (result.details && result.details[key]) || `${reason} for ${subject}`;
+  return errorFromWire({ code: reason, message: `request to ${subject} refused: ${detail}` });
 }
 
 module.exports = { connect, routerAddress, Client, Subscription, Message, DEFAULT_TIMEOUT_MS };

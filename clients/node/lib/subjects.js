@@ -77,6 +77,14 @@ function endpointHash(subject) {
   return createHash("sha256").update(validate(subject), "utf8").digest("hex").slice(0, 12);
 }
 
+/** The first token of every reply inbox (docs/protocol.md, "Requests and replies"). */
+const INBOX = "_INBOX";
+
+/** The reply inbox of one client requesting as `sender`: `_INBOX.<sender>.<nonce>`. */
+function replyInbox(sender, nonce) {
+  return validate(`${INBOX}.${validate(sender)}.${nonce}`);
+}
+
 module.exports = {
-  MAX_SUBJECT_BYTES, MAX_TOKENS, validate, isValid, matches, literalPrefix, endpointHash,
+  MAX_SUBJECT_BYTES, MAX_TOKENS, INBOX, validate, isValid, matches, literalPrefix, endpointHash, replyInbox,
 };

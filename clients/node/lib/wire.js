@@ -4,7 +4,7 @@
  *
  * request: [RLY1, msgpack {op, rid, ...fields}]
  * reply:   [RLY1, msgpack {rid, ok, result | error}]
- * push:    [RLY1, msgpack {push: "message", sub, id, endpoint}, envelope JSON bytes]
+ * push:    [RLY1, msgpack {push: "message", sub, id, endpoint, deliveries}, envelope JSON bytes]
  * signal (SUB socket): [subject, msgpack signal map]
  */
 const msgpack = require("@msgpack/msgpack");
@@ -48,7 +48,8 @@ function checkMagic(frame) {
 /**
  * What the router sent on the DEALER socket:
  *   {kind: "reply", rid, ok, result, error: RelayError | null}
- *   {kind: "push", sub, id, endpoint, data: Buffer}
+ *   {kind: "push", sub, id, endpoint, deliveries, data: Buffer}  (deliveries: the hand-out,
+ *     1 the first time; null from a router that does not say)
  * Throws MalformedFrameError for frames that are neither.
  * @param {Uint8Array[]} frames
  */
@@ -75,6 +76,7 @@ function decodeIncoming(frames) {
       sub: header.sub,
       id: header.id,
       endpoint: header.endpoint,
+      deliveries: Number.isInteger(header.deliveries) ? header.deliveries : null,
       data: Buffer.from(frames[2]),
     };
   }

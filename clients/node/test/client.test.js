@@ -237,16 +237,106 @@ test("a signal sent with wait: false arrives without a reply; a refused one is d
     assert.deepEqual(states, ["50%"]);
   }));
 
+test("fetch claims what waits, says deliveries, and its answers are confirmed", () =>
+  withClient(async (client) => {
+    const ns = `relay.node.${unique()}`;
+    const backend = `${ns}.backend`;
+    const info = await client.register(backend);
+    const ids = [];
+    for (const n of [1, 2, 3]) ids.push((await client.publish(backend, n, { from: `${ns}.front` })).messageId);
+
+    const two = await client.fetch(`${ns}.*`, { batch: 2, ackWait: 60_000 });
+    assert.deepEqual(two.map((m) => [m.id, m.endpoint, m.deliveries, m.payload]), [
+      [ids[0], info.hash, 1, 1],
+      [ids[1], info.hash, 1, 2],
+    ]);
+    assert.deepEqual(await two[0].ack(), { state: "done" });
+    assert.equal((await client.trace(ids[0])).copies[0].state, "done"); // no waiting
+    await assert.rejects(two[0].ack(), relay.InvalidStateError);
+    assert.deepEqual(await two[1].nack("cannot parse"), { state: "failed" });
+    const [letter] = await client.deadLetters({ endpoint: info.hash });
+    assert.deepEqual([letter.id, letter.code, letter.reason], [ids[1], "nack", "cannot parse"]);
+
+    const [third] = await client.fetch(backend, { wait: 5000 });
+    assert.equal(third.id, ids[2]);
+    assert.deepEqual(await third.inProgress(), { deliveries: 1 });
+    assert.deepEqual(await third.ack(), { state: "done" });
+    assert.deepEqual(await client.fetch(backend, { wait: 100 }), []); // nothing waits
+  }));
+
+test("an answer names its hand-out: an ack meant for an earlier one is refused", () =>
+  withClient(async (client) => {
+    const backend = `relay.node.${unique()}.backend`;
+    await client.register(backend);
+    const { messageId } = await client.publish(backend, "slow", { from: "relay.node.front" });
+    const subscription = await client.subscribe(backend, { credit: 1, ackWait: 300 });
+    const iterator = subscription[Symbol.asyncIterator]();
+    const first = (await iterator.next()).value;
+    assert.deepEqual([first.id, first.deliveries], [messageId, 1]);
+    // Not answered within ackWait: taken back, and pushed to us again.
+    const second = (await iterator.next()).value;
+    assert.deepEqual([second.id, second.deliveries], [messageId, 2]);
+    await assert.rejects(first.ack(), relay.InvalidStateError); // hand-out 1 is gone
+    assert.deepEqual(await second.ack(), { state: "done" });
+    await subscription.unsubscribe();
+  }));
+
+test("request resolves with the reply whose parentId is the request's id", () =>
+  withClient(async (client) => {
+    const ns = `relay.node.${unique()}`;
+    const backend = `${ns}.backend`;
+    await client.register(backend);
+    const asked = [];
+    await client.consume(backend, async (message) => {
+      asked.push(message.envelope);
+      await client.reply(message, { answer: message.payload.q * 2 }, { from: backend });
+    });
+    const reply = await client.request(backend, { q: 21 }, { from: `${ns}.front`, timeout: 10_000 });
+    assert.equal(reply.payload.answer, 42);
+    assert.equal(reply.parentId, asked[0].id);
+    assert.match(asked[0].replyTo, new RegExp(`^_INBOX\\.${ns}\\.front\\.[0-9a-f]{12}$`));
+  }));
+
+test("request is refused at once without an endpoint, and times out without a reply", () =>
+  withClient(async (client) => {
+    const ns = `relay.node.${unique()}`;
+    const started = Date.now();
+    await assert.rejects(
+      client.request(`${ns}.nobody`, 1, { from: `${ns}.front`, timeout: 20_000 }),
+      (err) => err.code === "no_match",
+    );
+    assert.ok(Date.now() - started < 10_000, "refused without waiting for the timeout");
+
+    const silent = `${ns}.silent`;
+    await client.register(silent);
+    await assert.rejects(
+      client.request(silent, "anyone?", { from: `${ns}.front`, timeout: 300 }),
+      (err) => err instanceof relay.TimeoutError && /no reply to request/.test(err.message),
+    );
+    // A reply after the request gave up is a dead letter, never a later answer.
+    const [asked] = await client.fetch(silent, { wait: 5000 });
+    await client.reply(asked, "too late", { from: silent });
+    await asked.ack();
+    const letters = await waitFor(
+      async () => {
+        const late = (await client.deadLetters({ endpoint: asked.replyTo })).filter((d) => d.code === "late_reply");
+        return late.length ? late : null;
+      },
+      { what: "the late reply's dead letter" },
+    );
+    assert.equal(letters[0].parentId, asked.id);
+  }));
+
 test("every error reply is a typed error with its code", () =>
   withClient(async (client) => {
     const registered = await client.register(`relay.node.${unique()}.errors`);
     const cases = [
-      [() => client.request("teleport"), relay.UnknownOperationError, "unknown_operation"],
-      [() => client.request("publish", { subject: "a..b", from: "a.b", payload: 1 }), relay.InvalidSubjectError, "invalid_subject"],
-      [() => client.request("publish", { subject: "a.b", from: "a.b" }), relay.InvalidMessageError, "invalid_message"],
+      [() => client.sendRequest("teleport"), relay.UnknownOperationError, "unknown_operation"],
+      [() => client.sendRequest("publish", { subject: "a..b", from: "a.b", payload: 1 }), relay.InvalidSubjectError, "invalid_subject"],
+      [() => client.sendRequest("publish", { subject: "a.b", from: "a.b" }), relay.InvalidMessageError, "invalid_message"],
       [() => client.pending(`relay.node.${unique()}.nobody`), relay.EndpointNotFoundError, "endpoint_not_found"],
       [() => client.subscribe("relay.node.>", { credit: 5000 }), relay.LimitExceededError, "limit_exceeded"],
-      [() => client.request("unsubscribe", { sub: 987654 }), relay.InvalidStateError, "invalid_state"],
+      [() => client.sendRequest("unsubscribe", { sub: 987654 }), relay.InvalidStateError, "invalid_state"],
       [() => client.setConfig({ limits: { maxCredit: "lots" } }), relay.InvalidConfigError, "invalid_config"],
       [() => client.complete("01JDQ3ZV9R6Q4W1T3M5N7P8K2A", registered.hash), relay.MessageNotFoundError, "message_not_found"],
       // checked locally, before anything is sent

@@ -9,6 +9,9 @@
  *       {"id","endpoint","envelope"}; ack it, or nack it when its payload has "nack": true
  *   peer.js signals PATTERN COUNT          print {"ready":true}, then COUNT signals received
  *   peer.js signal SUBJECT TYPE STATE TIMES  send a signal TIMES times, 100 ms apart
+ *   peer.js request SUBJECT FROM PAYLOAD_JSON   request() and print {"reply": envelope}
+ *   peer.js replier SUBJECT COUNT          print {"ready":true}, then answer COUNT requests with
+ *       reply() ({"echo": payload}), printing {"id","deliveries"} of each
  *
  * The broker is the one of $RELAY_TEST_HOME (or $RELAY_HOME). A failure prints
  * {"error": {"name", "code", "message"}} and exits 1.
@@ -72,6 +75,20 @@ async function main([command, ...args]) {
         await sleep(100);
       }
       out({ sent: Number(times) });
+    } else if (command === "request") {
+      const [subject, from, payload] = args;
+      out({ reply: await client.request(subject, JSON.parse(payload), { from, timeout: 15_000 }) });
+    } else if (command === "replier") {
+      const [subject, count] = args;
+      const subscription = await client.subscribe(subject);
+      out({ ready: true });
+      let seen = 0;
+      for await (const message of subscription) {
+        await client.reply(message, { echo: message.payload }, { from: subject });
+        await message.ack();
+        out({ id: message.id, deliveries: message.deliveries });
+        if (++seen >= Number(count)) break;
+      }
     } else {
       throw new Error(`unknown command ${command}`);
     }

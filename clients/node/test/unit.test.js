@@ -76,7 +76,13 @@ test("wire: requests, replies and pushes", () => {
     wire.pack({ push: "message", sub: 1, id: "01JDQ3ZV9R6Q4W1T3M5N7P8K2A", endpoint: "3f0c5bd2a1e4" }),
     Buffer.from("{}"),
   ]);
-  assert.deepEqual([push.kind, push.sub, push.data.toString()], ["push", 1, "{}"]);
+  assert.deepEqual([push.kind, push.sub, push.deliveries, push.data.toString()], ["push", 1, null, "{}"]);
+  const again = wire.decodeIncoming([
+    Buffer.from("RLY1"),
+    wire.pack({ push: "message", sub: 1, id: "01JDQ3ZV9R6Q4W1T3M5N7P8K2A", endpoint: "3f0c5bd2a1e4", deliveries: 2 }),
+    Buffer.from("{}"),
+  ]);
+  assert.equal(again.deliveries, 2); // the hand-out its answers name
 
   assert.throws(() => wire.decodeIncoming([Buffer.from("RLY1")]), relay.MalformedFrameError);
   assert.throws(() => wire.decodeIncoming([Buffer.from("RLY2"), wire.pack({})]), relay.UnsupportedVersionError);
@@ -149,7 +155,7 @@ test("a request with no reply gives TimeoutError after the client's deadline", a
     assert.match(err.message, /no reply to 'ping' .* within 0\.2 s/);
     return true;
   });
-  await assert.rejects(client.request("status", {}, { timeout: 50 }), { code: "timeout" });
+  await assert.rejects(client.sendRequest("status", {}, { timeout: 50 }), { code: "timeout" });
   await client.close({ bye: false });
 });
 
@@ -158,4 +164,26 @@ test("closing rejects the requests in flight with UnavailableError", async (t) =
   const inflight = client.status();
   await client.close({ bye: false });
   await assert.rejects(inflight, (err) => err instanceof relay.UnavailableError && err.code === "unavailable");
+});
+
+test("replies: matched by parentId; early ones kept while a publish is in flight; late ones refused", async () => {
+  const { ReplyInbox } = require("../lib/replies");
+  const inbox = new ReplyInbox("_INBOX.relay.a.0123456789ab");
+  assert.equal(relay.subjects.replyInbox("relay.a", "0123456789ab"), inbox.subject);
+
+  inbox.publishing();
+  const reply = inbox.published("R1");
+  assert.equal(inbox.arrived({ parentId: "R1", payload: 4 }), true);
+  assert.deepEqual(await reply, { parentId: "R1", payload: 4 });
+
+  inbox.publishing(); // a quick replier: the reply comes before the publish is answered
+  assert.equal(inbox.arrived({ parentId: "R2", payload: "early" }), true);
+  assert.equal((await inbox.published("R2")).payload, "early");
+
+  inbox.publishing();
+  inbox.published("R3");
+  inbox.giveUp("R3"); // timed out
+  assert.equal(inbox.arrived({ parentId: "R3" }), false);
+  assert.equal(inbox.arrived({ payload: "answers nothing" }), false);
+  assert.equal(inbox.arrived({ parentId: "R1" }), false); // answered already
 });

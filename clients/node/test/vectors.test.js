@@ -50,7 +50,7 @@ test("the shared vectors pass against the broker", async (t) => {
         const request = vector.request;
         if (request && typeof request.op === "string" && Number.isInteger(request.rid) && request.rid >= 0) {
           const { op, rid, ...fields } = request;
-          await assert.rejects(client.request(op, fields), (err) => {
+          await assert.rejects(client.sendRequest(op, fields), (err) => {
             assert.ok(err instanceof relay.ERROR_CLASSES[code], `${err.name} for ${code}`);
             assert.equal(err.code, code);
             return true;
