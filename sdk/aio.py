@@ -220,9 +220,11 @@ class AsyncClient:
     # ------------------------------------------------------------------ administration
 
     async def dead_letters(
-        self, endpoint_hash: str | None = None, *, limit: int = 100
+        self, endpoint_hash: str | None = None, *, limit: int = 100, message_id: str | None = None
     ) -> list[dict[str, Any]]:
-        return await asyncio.to_thread(self.sync.dead_letters, endpoint_hash, limit=limit)
+        return await asyncio.to_thread(
+            self.sync.dead_letters, endpoint_hash, limit=limit, message_id=message_id
+        )
 
     async def purge_dead_letters(self, endpoint_hash: str | None = None) -> int:
         return await asyncio.to_thread(self.sync.purge_dead_letters, endpoint_hash)

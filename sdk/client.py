@@ -518,11 +518,19 @@ class Client(ClientPlumbing):
     # ------------------------------------------------------------------ administration
 
     def dead_letters(
-        self, endpoint_hash: str | None = None, *, limit: int = 100
+        self,
+        endpoint_hash: str | None = None,
+        *,
+        limit: int = 100,
+        message_id: str | None = None,
     ) -> list[dict[str, Any]]:
+        """Dead letters, newest ids last: of one endpoint (hash or subject), or all;
+        ``message_id``: only that message's (found by key, however many there are)."""
         fields: dict[str, Any] = {"limit": limit}
         if endpoint_hash is not None:
             fields["endpoint"] = endpoint_hash
+        if message_id is not None:
+            fields["id"] = message_id
         return self._call("dead_letters", **fields)["items"]
 
     def purge_dead_letters(self, endpoint_hash: str | None = None) -> int:

@@ -372,3 +372,13 @@ def test_a_consumers_credit_comes_back_when_its_writer_dies_with_a_copy_for_it(b
     # The only credit was taken for the lost copy: it came back, so the next arrives.
     client.publish(A, "next", sender=SENDER)
     wait_for(lambda: inbox.payloads() == ["next"], what="the next message at the consumer")
+
+
+def test_one_messages_dead_letters_are_found_by_its_id_however_many_there_are(broker):
+    client = broker.client()
+    lost = [
+        client.publish("relay.agent.nobody.here", n, sender=SENDER).message_id for n in range(3)
+    ]
+    (found,) = client.dead_letters(message_id=lost[1], limit=1)  # not the first one listed
+    assert (found["id"], found["code"], found["envelope"]["payload"]) == (lost[1], "no_match", 1)
+    assert client.dead_letters("_unroutable", message_id=lost[2])[0]["id"] == lost[2]

@@ -88,6 +88,8 @@ def trace(ctx: Context, session: Session, req: Trace, rid: int) -> Any:
 
 
 def dead_letters(ctx: Context, session: Session, req: DeadLetters, rid: int) -> Any:
+    if req.id is not None:  # one message's: by key, however many dead letters there are
+        return {"items": [_with_file(ctx, r) for r in _dead_copies(ctx, session, req)]}
     endpoint = ctx.directory.resolve(req.endpoint)
     subject = ctx.directory.subject_of(endpoint) if endpoint is not None else None
     if subject is not None:
@@ -97,6 +99,19 @@ def dead_letters(ctx: Context, session: Session, req: DeadLetters, rid: int) -> 
     else:
         records = _dead_letters_received(ctx, session, endpoint, req.limit)
     return {"items": [_with_file(ctx, r) for r in records]}
+
+
+def _dead_copies(ctx: Context, session: Session, req: DeadLetters) -> list[MessageRecord]:
+    """The dead letters of one message (``req.id``), in the endpoint asked for if any,
+    that this connection may receive."""
+    endpoint = ctx.directory.resolve(req.endpoint) if req.endpoint is not None else None
+    return [
+        r
+        for r in ctx.indexes.copies_of(req.id)
+        if r.state is State.FAILED
+        and (endpoint is None or r.endpoint == endpoint)
+        and may_receive(session, r.subject)
+    ][: req.limit]
 
 
 def _dead_letters_received(

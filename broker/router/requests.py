@@ -258,10 +258,12 @@ class SendSignal:
 class DeadLetters:
     endpoint: Any  # a subject or a mailbox hash, resolved by the operation; None: all
     limit: int
+    id: str | None = None  # only the dead letters of this message
 
     @classmethod
     def decode(cls, body: Body) -> DeadLetters:
-        return cls(body.get("endpoint"), _limit(body))
+        message_id = None if body.get("id") is None else check_id(body.get("id"))
+        return cls(body.get("endpoint"), _limit(body), message_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -268,8 +268,8 @@ async def republish_dead_letter(request: Request) -> Response:
     body = await json_body(request)
     message_id = check_id(request.path_params["id"], "message id")
     endpoint = field(body, "endpoint", str, required=False) or request.query_params.get("endpoint")
-    items = await session.client.dead_letters(endpoint, limit=1000)
-    letter = next((i for i in items if i["id"] == message_id), None)
+    items = await session.client.dead_letters(endpoint, message_id=message_id)
+    letter = items[0] if items else None
     if letter is None:
         raise MessageNotFound(f"no dead letter {message_id} you may see")
     envelope = letter.get("envelope") or {}
