@@ -261,8 +261,16 @@ def cmd_pending(args: argparse.Namespace) -> int:
             args,
             items,
             lambda its: table(
-                [(i["id"], i["from"], when_ago(i["claimedAt"], now_ms())) for i in its],
-                ("ID", "FROM", "CLAIMED"),
+                [
+                    (
+                        i["id"],
+                        i["from"],
+                        when_ago(i["claimedAt"], now_ms()),
+                        i.get("deliveries", ""),
+                    )
+                    for i in its
+                ],
+                ("ID", "FROM", "CLAIMED", "DELIVERIES"),
             ),
         )
     return 0

@@ -220,7 +220,7 @@ def test_people_read_dates_ages_and_pressure_scripts_read_ms(broker):
     try:
         wait_for(lambda: client.pending(A), what="a message to be claimed")
         pending = broker.relay("pending", A).stdout
-        assert re.search(rf"{ids[0]} +{SENDER} +{ISO} \(", pending), pending
+        assert re.search(rf"{ids[0]} +{SENDER} +{ISO} \(.*\) +1$", pending, re.M), pending
     finally:
         release.set()
     trace = broker.relay("trace", ids[0]).stdout
