@@ -71,7 +71,12 @@ def test_console_shows_a_message_published_from_the_sdk_and_its_trace(
     row = page.locator(f'#messages li[data-id="{result.message_id}"]')
     expect(row).to_be_visible(timeout=10_000)
     expect(row).to_contain_text("hello from the SDK")
-    expect(page.locator(f'#endpoints tr[data-subject="{DEMO}"] .depth')).to_have_text("1")
+    endpoint_row = page.locator(f'#endpoints tr[data-subject="{DEMO}"]')
+    expect(endpoint_row.locator(".depth")).to_have_text("1")
+    expect(endpoint_row.locator(".claimed")).to_have_text("0")
+    (held,) = client.fetch(DEMO)  # claimed now: the console shows it beside waiting
+    expect(endpoint_row.locator(".claimed")).to_have_text("1", timeout=10_000)
+    expect(endpoint_row.locator(".depth")).to_have_text("0")
 
     # Signals as they pass: a signal subscription takes effect a moment after it is
     # made, so send until one shows.
@@ -87,7 +92,7 @@ def test_console_shows_a_message_published_from_the_sdk_and_its_trace(
     trace = page.locator(f'#trace table[data-id="{result.message_id}"]')
     expect(trace).to_be_visible(timeout=10_000)
     expect(trace).to_contain_text(DEMO)
-    expect(trace.locator(".copy-state")).to_have_text("new")
+    expect(trace.locator(".copy-state")).to_have_text("claimed")
     page.screenshot(path=str(shots / "console-message-trace.png"), full_page=True)
 
 

@@ -70,6 +70,9 @@ async function refreshEndpoints() {
     cell(row, e.subject);
     cell(row, e.hash, "mono");
     cell(row, e.depth, "depth num");
+    // Handed out and not answered yet; the age of the oldest in its tooltip.
+    const claimed = cell(row, e.claimed ?? "", "claimed num");
+    if (e.oldestClaimedAt) claimed.title = `the oldest handed out at ${time(e.oldestClaimedAt)}`;
     pressureCell(row, e.pressure);
     cell(row, e.breaker.state, `breaker ${e.breaker.state}`);
   }
