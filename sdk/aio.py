@@ -161,10 +161,16 @@ class AsyncClient:
         *,
         credit: int | None = None,
         ack_wait: float | None = None,
+        confirm: bool = False,
     ) -> Unsubscribe:
         """Consume messages of every endpoint matching pattern; returns async unsubscribe."""
         sync = await asyncio.to_thread(
-            self.sync.subscribe, pattern, self._bridge(handler), credit=credit, ack_wait=ack_wait
+            self.sync.subscribe,
+            pattern,
+            self._bridge(handler),
+            credit=credit,
+            ack_wait=ack_wait,
+            confirm=confirm,
         )
         return _async_unsubscribe(sync)
 

@@ -311,16 +311,21 @@ class Client(ClientPlumbing):
         *,
         credit: int | None = None,
         ack_wait: float | None = None,
+        confirm: bool = False,
     ) -> Callable[[], None]:
         """Consume messages of every endpoint matching pattern; returns unsubscribe().
 
         ``ack_wait`` (seconds): a message the handler has not finished by then is taken
-        back and handed out again (default: never, while this client lives)."""
-        return self._subscribe(pattern, handler, "consume", credit, ack_wait)
+        back and handed out again (default: never, while this client lives).
+        ``confirm``: each message's ack (or nack) is confirmed by the router before the
+        handler gets the next one, so a message handled is done for sure; it costs a
+        round trip and a writer commit per message, where the default lets answers
+        leave together within 5 ms (docs/performance.md, "publish -> handler")."""
+        return self._subscribe(pattern, handler, "consume", credit, ack_wait, confirm)
 
     def observe(self, pattern: str, handler: Handler) -> Callable[[], None]:
         """Watch every stored message matching pattern: no claim, no ack."""
-        return self._subscribe(pattern, handler, "observe", None, None)
+        return self._subscribe(pattern, handler, "observe", None, None, False)
 
     def _subscribe(
         self,
@@ -329,6 +334,7 @@ class Client(ClientPlumbing):
         mode: str,
         credit: int | None,
         ack_wait: float | None,
+        confirm: bool,
     ) -> Callable[[], None]:
         subjects.validate(pattern, wildcards=True)
         fields: dict[str, Any] = {"pattern": pattern, "mode": mode}
@@ -336,7 +342,7 @@ class Client(ClientPlumbing):
             fields["credit"] = credit
         if ack_wait is not None:
             fields["ackWait"] = _ms(ack_wait, "ack_wait")
-        worker = SubscriptionWorker(self, handler, mode, fields)
+        worker = SubscriptionWorker(self, handler, mode, fields, confirm=confirm)
         future = self.send_request("subscribe", before_send=worker, **fields)
         try:
             self._wait(future, "subscribe")

@@ -56,7 +56,15 @@ class SubscriptionWorker:
     (docs/performance.md, "publish -> handler"). With credit under 4, or a broker that
     does not say the credit, each answer leaves as soon as its message is handled."""
 
-    def __init__(self, client: Client, handler: Handler, mode: str, fields: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        client: Client,
+        handler: Handler,
+        mode: str,
+        fields: dict[str, Any],
+        *,
+        confirm: bool = False,
+    ) -> None:
         self.ended = False  # unsubscribe() was called: never renewed
         self.client = client
         self.handler = handler
@@ -65,6 +73,9 @@ class SubscriptionWorker:
         self.sub = 0
         self.renewals = 0  # times subscribed again after the broker lost it
         self.answers_together = 1  # set from the subscribe reply's credit
+        # Each answer waits for the router's before the next message is handled: done
+        # (or a dead letter) for sure, at one round trip and one commit per message.
+        self.confirm = confirm
         self.queue: queue.Queue[Delivery | None] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="relay-handler", daemon=True)
         # Handled, not yet answered, and by when they leave: sent by this thread when a
@@ -96,6 +107,9 @@ class SubscriptionWorker:
             error = self._handle(delivery)
             if self.mode != "consume":
                 continue
+            if self.confirm:
+                self._answer_confirmed(delivery, error)
+                continue
             with self._unsent_lock:
                 first = not self._unsent
                 if first:
@@ -118,6 +132,14 @@ class SubscriptionWorker:
             handled, self._unsent = self._unsent, []
             self.client._answers_waiting.discard(self)
         return handled, None
+
+    def _answer_confirmed(self, delivery: Delivery, error: Outcome) -> None:
+        op, fields = answer_of(delivery, error)
+        self.client.answered(delivery.id, delivery.endpoint)
+        try:
+            self.client.wait(self.client.send_request(op, **fields), op)
+        except RelayError as exc:  # taken back meanwhile (invalid_state), or closed
+            log.warning("%s of %s not confirmed: %s", op, delivery.id, exc)
 
     def answer(self) -> None:
         """Ack or nack each message handled and not yet answered. Queued back to back,

@@ -171,3 +171,19 @@ def test_status_shows_claimed_messages_beside_waiting_ones(broker):
         message.ack()
     (endpoint,) = [e for e in client.status()["endpoints"] if e["subject"] == BOX]
     assert (endpoint["claimed"], endpoint["oldestClaimedAt"]) == (0, None)
+
+
+def test_a_confirmed_push_subscription_acks_each_message_before_the_next(broker):
+    client, checker = broker.client(), broker.client()
+    client.register_endpoint(BOX)
+    ids = [client.publish(BOX, n, sender=SENDER).message_id for n in range(3)]
+    states_seen: list[str] = []
+
+    def handler(envelope: Envelope) -> None:
+        if envelope.payload > 0:  # the one before is done already: its ack was confirmed
+            earlier = ids[envelope.payload - 1]
+            states_seen.append(checker.trace(earlier)["copies"][0]["state"])
+
+    client.subscribe(BOX, handler, confirm=True)
+    wait_for(lambda: len(states_seen) == 2, what="the second and third messages handled")
+    assert states_seen == ["done", "done"]
