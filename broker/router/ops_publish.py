@@ -29,6 +29,7 @@ from sdk.types import Budget, EndpointInfo, SignalType, default_budget
 from workers import protocol as proto
 from workers.filenames import place_of
 from workers.fsio import read_file
+from workers.maildir import Mailbox
 
 # Signals the router itself emits: a client forging them would mislead every watcher.
 ROUTER_SIGNALS = frozenset({SignalType.DELIVERY_RECEIPT, SignalType.BACKPRESSURE})
@@ -167,10 +168,15 @@ def _stored_budget(ctx: Context, message_id: str, endpoint_subject: str) -> Budg
         record.state, message_id, record.claimed_at, record.finished_at, record.deliveries
     )
     try:
-        data = read_file(os.path.join(ctx.home.mailbox(info.hash), subdir, name))
+        try:
+            data = read_file(os.path.join(ctx.home.mailbox(info.hash), subdir, name))
+        except FileNotFoundError:
+            # Moved since its row was written (an ack renames the file before its commit
+            # changes the row): look for it, which lists cur/, on this rare path only.
+            _, data = Mailbox(ctx.home.mailbox(info.hash), info.hash).read(message_id)
         return Budget.from_wire(json.loads(data)["budget"])
     except (RelayError, OSError, ValueError, KeyError, TypeError):
-        return None  # moved meanwhile, compacted, or not a Relay envelope
+        return None  # compacted, or not a Relay envelope
 
 
 def target_gate(
