@@ -140,6 +140,14 @@ class ClientPlumbing:
             sub.close(0)
             self._outbox_in.close(0)
 
+    def answers_waiting(self, worker: SubscriptionWorker, waiting: bool) -> None:
+        """A worker's answers wait for their deadline (the I/O thread watches it), or no
+        longer do. Called under the worker's lock, never the client's."""
+        if waiting:
+            self._answers_waiting.add(worker)
+        else:
+            self._answers_waiting.discard(worker)
+
     def wake_for_answers(self) -> None:
         """A handler thread started a batch of answers (see `_answers_waiting`): have
         the I/O thread, which may sleep up to IO_POLL_MS, watch its deadline."""
@@ -174,6 +182,7 @@ class ClientPlumbing:
                     pass
                 rids, bodies = [], []
                 for delivery, error in due:
+                    self.answered(delivery.id, delivery.endpoint)
                     op, fields = answer_of(delivery, error)
                     rids.append(next(self._rids))  # no future: its reply is dropped
                     bodies.append(wire.encode_request(op, rids[-1], **fields)[1])

@@ -11,14 +11,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sdk.errors import RelayError
 from sdk.types import Envelope
-
-if TYPE_CHECKING:
-    from sdk.client import Client
 
 log = logging.getLogger("relay.client")
 
@@ -47,6 +45,22 @@ class Delivery:
     deliveries: int = 1  # which hand-out: its answer names it
 
 
+class Answers(Protocol):
+    """What a subscription's worker needs from its client: to send answers (and wait
+    for one), to forget a message answered, and the I/O thread's watch over answers
+    that wait for their deadline while the handler is busy."""
+
+    def send_request(self, op: str, **fields: Any) -> Future: ...
+
+    def wait(self, future: Future, op: str) -> Any: ...
+
+    def answered(self, message_id: str, endpoint: str) -> None: ...
+
+    def answers_waiting(self, worker: SubscriptionWorker, waiting: bool) -> None: ...
+
+    def wake_for_answers(self) -> None: ...
+
+
 class SubscriptionWorker:
     """Runs one subscription's handler, in order, on its own thread.
 
@@ -58,7 +72,7 @@ class SubscriptionWorker:
 
     def __init__(
         self,
-        client: Client,
+        client: Answers,
         handler: Handler,
         mode: str,
         fields: dict[str, Any],
@@ -114,7 +128,7 @@ class SubscriptionWorker:
                 first = not self._unsent
                 if first:
                     self._deadline = time.monotonic() + ACK_DELAY_S
-                    self.client._answers_waiting.add(self)
+                    self.client.answers_waiting(self, True)
                 self._unsent.append((delivery, error))
                 due = len(self._unsent) >= self.answers_together
             if due or time.monotonic() >= self._deadline:  # also while messages queue up
@@ -130,7 +144,7 @@ class SubscriptionWorker:
             if self._unsent and now < self._deadline:
                 return [], self._deadline
             handled, self._unsent = self._unsent, []
-            self.client._answers_waiting.discard(self)
+            self.client.answers_waiting(self, False)
         return handled, None
 
     def _answer_confirmed(self, delivery: Delivery, error: Outcome) -> None:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -89,10 +87,5 @@ def test_workers_has_no_import_cycle():
     assert find_cycle(import_graph("workers")) is None
 
 
-@pytest.mark.xfail(
-    reason="sdk/client.py -> plumbing.py -> subscription.py -> client.py: the client's "
-    "split into objects per concern removes it; then drop this mark",
-    strict=False,
-)
 def test_sdk_has_no_import_cycle():
     assert find_cycle(import_graph("sdk")) is None

@@ -249,6 +249,9 @@ class _Recorder:
     def answered(self, message_id: str, endpoint: str) -> None:
         pass
 
+    def answers_waiting(self, worker, waiting: bool) -> None:
+        (self._answers_waiting.add if waiting else self._answers_waiting.discard)(worker)
+
 
 def _worker_after_burst(subscribe_result: dict, burst: int) -> list[str]:
     """A worker whose queue already holds ``burst`` messages when it starts."""
