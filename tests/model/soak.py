@@ -6,7 +6,9 @@ RELAY_MODEL_EXAMPLES sequences (default 10) of up to RELAY_MODEL_STEPS steps (de
 40), explores only (phases generate and shrink: a failure saved in .hypothesis/ by an
 earlier round is not replayed by every later one, but plain `pytest` replays it), and
 writes its log to .hypothesis/relay-model/soak/. At the end: how many sequences and
-steps ran, and each failure with its seed, first line, log and replay command.
+steps ran, what they exercised of the consumer's contract (hand-outs, hand-outs again,
+fetched messages, answers refused, max_deliveries dead letters), and each failure with
+its seed, first line, log and replay command.
 """
 
 from __future__ import annotations
@@ -101,6 +103,11 @@ def main() -> int:
     sequences, steps = totals()
     elapsed = time.monotonic() - started
     print(f"\nsoak: {sequences} sequences, {steps} steps in {rounds} rounds, {elapsed:.0f} s")
+    events: dict[str, int] = {}
+    for line in stats.read_text().splitlines() if stats.exists() else []:
+        for name, count in json.loads(line).get("events", {}).items():
+            events[name] = events.get(name, 0) + count
+    print(f"seen: {events}")
     print(f"failures: {len(failures)}")
     for f in failures:
         knobs = " ".join(

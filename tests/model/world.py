@@ -1,15 +1,19 @@
 """The real side of the model test: one broker (router + 2 writers), SDK clients in this
-process whose pushes are recorded as they arrive, consumers in subprocesses, and the
-faults (kills, stray connections). It records; tests/model/model.py judges.
+process whose pushes are recorded as they arrive, fetches and their answers, consumers
+in subprocesses, and the faults (kills, silences, restarts, stray connections). It
+records, with the time of each thing (time.monotonic(), the same clock in every
+process); tests/model/model.py judges.
 
 A push is recorded on the client's I/O thread, before its subscription's handler thread
 sees it (the client's `_take` is wrapped per instance): what a consumer *holds* is what
-was pushed to it, also the messages queued behind a handler that does not return.
+was pushed to it, also the messages queued behind a handler that does not return. Each
+hand-out is a `Receipt`, with the `deliveries` the router said (1 the first time).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import subprocess
@@ -26,7 +30,9 @@ import zmq
 
 from sdk import wire
 from sdk.client import Client
-from sdk.subjects import endpoint_hash
+from sdk.errors import InvalidState
+from sdk.message import Message
+from sdk.subjects import endpoint_hash, matches
 from sdk.types import Envelope
 from tests.harness import ROOT, Broker, wait_for
 
@@ -34,6 +40,12 @@ POOL = ("m.a.e0", "m.a.e1", "m.b.e0", "m.b.e1", "m.c.e0", "m.c.e2")  # shards 1,
 HASHES = {subject: endpoint_hash(subject) for subject in POOL}
 SUBJECT_OF = {h: s for s, h in HASHES.items()}
 HOLD_LIMIT_S = 600.0  # a held handler returns by itself after this (teardown releases it)
+# The broker's delivery.sessionTimeoutMs: a silent client's session ends after this, and
+# a claim found in cur/ after a router restart waits this long for its holder. Lower
+# than the default 5 s so that sequences wait less; a live client pings every second.
+SESSION_MS = int(os.environ.get("RELAY_MODEL_SESSION_MS", "4000"))
+MAX_DELIVERIES = 5  # delivery.maxDeliveries at the start of each sequence (the default)
+PUSH_LATENCY_S = 1.0  # a push arrives at most this long after the router sent it
 # Reliability limits that would refuse publishes the model does not predict: off.
 NO_LIMITS = {
     "rateLimit": {"enabled": False},
@@ -41,10 +53,15 @@ NO_LIMITS = {
     "backpressure": {"enabled": False},
 }
 
-# A consumer in another process: records each push as it arrives (one line, one write),
-# never answers (its handler blocks), and is killed with SIGKILL by the test.
+# A consumer in another process: records each push as it arrives (one line, one write:
+# id, endpoint, deliveries, subscription id, arrival time), never answers (its handler
+# blocks), and is killed with SIGKILL by the test. SIGUSR1 silences it: it stops its
+# heartbeat (its pings are dropped as if its queue to the router were full) but keeps
+# its connection and keeps reading, so the router must end its session after
+# delivery.sessionTimeoutMs of silence, and every push it gets is still recorded.
 CONSUMER_SCRIPT = r"""
-import os, sys, threading
+import os, signal, sys, threading, time
+import zmq
 from sdk import wire
 from sdk.client import Client, connect
 home, pattern, credit, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
@@ -52,29 +69,52 @@ fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 take = Client._take
 def _take(self, incoming):
     if isinstance(incoming, wire.Push):
-        os.write(fd, f"{incoming.id} {incoming.endpoint}\n".encode())
+        line = f"{incoming.id} {incoming.endpoint} {incoming.deliveries} {incoming.sub}"
+        os.write(fd, f"{line} {time.monotonic():.6f}\n".encode())
     take(self, incoming)
 Client._take = _take
+silent = threading.Event()
+encode = wire.encode_request
+def encode_request(op, rid, **fields):
+    if op == "ping" and silent.is_set():
+        raise zmq.Again()  # the I/O thread drops a ping that would block
+    return encode(op, rid, **fields)
+wire.encode_request = encode_request
+def silence(*_):
+    silent.set()
+    os.write(fd, b"silent\n")
+signal.signal(signal.SIGUSR1, silence)
 forever = threading.Event()
 client = connect(home)
 client.subscribe(pattern, lambda envelope: forever.wait(), credit=credit)
 os.write(fd, b"ready\n")
-forever.wait()
+while True:
+    forever.wait(0.2)  # the main thread wakes up to run the signal handler
 """
 
 
 @dataclass(eq=False)
 class Receipt:
-    """One push to one subscription."""
+    """One hand-out of a copy to one consumer: a push to a subscription, or a message a
+    fetch returned."""
 
     sub: Sub
     id: str
     endpoint: str
-    router_epoch: int  # the router process that pushed it (bumped at each router kill)
+    deliveries: int  # which hand-out the router said this is (1 the first time)
+    at: float  # when it arrived here (time.monotonic())
+    router_epoch: int  # the router process that handed it out (bumped at each router kill)
     order_epoch: int  # its endpoint's order epoch when it arrived (model.py)
-    handled: str | None = None  # "ack" / "nack" once the handler finished with it
-    handled_epoch: int | None = None
-    after_close: bool = False  # the handler finished after its client was closed
+    # When the router started to hold it for its consumer (its ack deadline counts from
+    # there): between these two times. A push left the router shortly before it
+    # arrived; a fetched message, between the fetch's call and its return;
+    # in_progress() moves it to that call's own window.
+    since: tuple[float, float] = (0.0, 0.0)
+    handled: str | None = None  # "ack" / "nack" once answered (a handler finished)
+    handled_at: float | None = None  # when the handler finished, or the answer returned
+    refused_at: float | None = None  # a fetched message's answer was refused here
+    refused_how: str | None = None  # which answer: "ack", "nack", "in_progress"
+    message: Message | None = None  # a fetched message: answers itself
 
 
 @dataclass(eq=False)
@@ -82,6 +122,7 @@ class ClientHandle:
     name: str
     client: Client
     closed: bool = False
+    closing: tuple[float, float] | None = None  # close() called and returned
     subs: list[Sub] = field(default_factory=list)
 
 
@@ -91,9 +132,9 @@ class Sub:
 
     key: int
     pattern: str
-    mode: str  # "consume", "observe", "process"
-    behaviour: str  # "ack", "nack", "hold" ("hold" for a process, "-" for observe)
-    credit: int | None  # asked for; None: the broker's default credit
+    mode: str  # "consume", "observe", "process", "fetch" (one fetch call)
+    behaviour: str  # "ack", "nack", "hold" ("hold" for a process and a fetch, "-" observe)
+    credit: int | None  # asked for (a fetch: its batch); None: the broker's default credit
     granted: int  # credit granted at its last (re)subscription
     router_epoch: int  # router epoch of that (re)subscription
     client: ClientHandle | None = None
@@ -105,12 +146,24 @@ class Sub:
     proc: subprocess.Popen | None = None
     out: Path | None = None
     windows: list[tuple[int, int | None]] = field(default_factory=list)  # observe: seqs
+    ack_wait: float | None = None  # seconds: what it holds longer is taken back
+    killed_at: float | None = None  # a consumer process killed with SIGKILL
+    silenced: tuple[float, float] | None = None  # its heartbeat stopped (signal, seen)
 
     @property
     def name(self) -> str:
         where = self.client.name if self.client else "proc"
         credit = "" if self.mode == "observe" else f" credit={self.granted}"
-        return f"sub{self.key}({where} {self.mode} {self.pattern} {self.behaviour}{credit})"
+        wait = f" ack_wait={self.ack_wait:g}" if self.ack_wait else ""
+        return f"sub{self.key}({where} {self.mode} {self.pattern} {self.behaviour}{credit}{wait})"
+
+    @property
+    def stream(self) -> object:
+        """Whose order a hand-out counts in: the subscription's, or for a fetch the
+        client's (its fetches one after the other)."""
+        if self.mode == "fetch" and self.client is not None:
+            return ("fetch", self.client.name)
+        return self.key
 
 
 class Handler:
@@ -126,7 +179,8 @@ class Handler:
         if sub.behaviour == "hold":
             sub.released.wait(HOLD_LIMIT_S)
         nack = sub.behaviour == "nack"
-        self.world.handled(sub, envelope.id, HASHES.get(envelope.subject, "?"), nack)
+        endpoint = HASHES.get(envelope.subject, "?")
+        self.world.handled(sub, envelope.id, endpoint, envelope.deliveries, nack)
         if nack:
             raise ValueError(f"model nack {envelope.id}")
 
@@ -140,16 +194,34 @@ class World:
         self.subs: list[Sub] = []
         self.dropped: list[str] = []  # pushes a client had no subscription for
         self.steps: list[str] = []  # what the machine did, for a failure's report
+        self.t0 = time.monotonic()  # times in a failure's report count from here
+        # Router restarts: (killed, ready again), time.monotonic().
+        self.restarts: list[tuple[float, float]] = []
+        # Moments a hand-out in flight could be lost unseen (a consumer closed or
+        # killed, the router killed): (from, to, the endpoints it could be of (None:
+        # all), whose end it was (the client or the consumer process; None: the router)).
+        self.lossy: list[tuple[float, float, frozenset[str] | None, Any]] = []
+        # delivery.maxDeliveries over time: (since, value).
+        self.max_deliveries: list[tuple[float, int]] = [(0.0, MAX_DELIVERIES)]
         self.broker = Broker(shards=2)
         self.tmp = Path(tempfile.mkdtemp(prefix="relay-model-"))
         try:
             self.broker.start()
             self.publishers = [self.broker.client() for _ in range(3)]
             self.checker = self.broker.client()
-            self.checker.set_config(NO_LIMITS)
+            self.checker.set_config(
+                {
+                    **NO_LIMITS,
+                    "delivery": {"sessionTimeoutMs": SESSION_MS, "maxDeliveries": MAX_DELIVERIES},
+                }
+            )
         except BaseException:
             self.broker.cleanup()
             raise
+
+    def clock(self, at: float | None = None) -> str:
+        """A time as the failure report shows it: seconds since the sequence began."""
+        return f"{(time.monotonic() if at is None else at) - self.t0:7.2f}"
 
     # ------------------------------------------------------------------ clients
 
@@ -166,7 +238,18 @@ class World:
         self.clients.append(handle)
         return handle
 
+    def _receipt(
+        self, sub: Sub, message_id: str, endpoint: str, deliveries: int, at: float
+    ) -> Receipt:
+        """A hand-out arrived (call with the lock held)."""
+        epoch = self.order_epoch.get(endpoint, 0)
+        receipt = Receipt(sub, message_id, endpoint, deliveries, at, self.router_epoch, epoch)
+        receipt.since = (at - PUSH_LATENCY_S, at)
+        sub.receipts.append(receipt)
+        return receipt
+
     def _pushed(self, handle: ClientHandle, push: wire.Push) -> None:
+        now = time.monotonic()
         worker = handle.client._subs.get(push.sub)
         handler = getattr(worker, "handler", None)
         with self.lock:
@@ -176,33 +259,48 @@ class World:
                 )
                 return
             sub = handler.sub
-            epoch = self.order_epoch.get(push.endpoint, 0)
-            sub.receipts.append(Receipt(sub, push.id, push.endpoint, self.router_epoch, epoch))
+            deliveries = push.deliveries if sub.mode == "consume" else 0
+            self._receipt(sub, push.id, push.endpoint, deliveries, now)
 
-    def handled(self, sub: Sub, message_id: str, endpoint: str, nack: bool) -> None:
+    def handled(
+        self, sub: Sub, message_id: str, endpoint: str, deliveries: int, nack: bool
+    ) -> None:
+        now = time.monotonic()
         with self.lock:
             receipt = next(
                 (
                     r
                     for r in sub.receipts
-                    if r.id == message_id and r.endpoint == endpoint and r.handled is None
+                    if (r.id, r.endpoint, r.deliveries) == (message_id, endpoint, deliveries)
+                    and r.handled is None
                 ),
                 None,
             )
             if receipt is None:  # the model reports the push as missing
                 return
             receipt.handled = "nack" if nack else "ack"
-            receipt.handled_epoch = self.router_epoch
-            receipt.after_close = sub.client is not None and sub.client.closed
+            receipt.handled_at = now
 
     def close_client(self, handle: ClientHandle) -> None:
+        """close(): the answers of finished handlers leave, then "bye"; the router
+        releases what the client still holds."""
+        started = time.monotonic()
         handle.client.close()
-        handle.closed = True
-        now = time.monotonic()
+        ended = time.monotonic()
+        handle.closed, handle.closing = True, (started, ended)
         for sub in handle.subs:
             if not sub.ended:
-                sub.ended, sub.ended_at = True, now
+                sub.ended, sub.ended_at = True, ended
             sub.released.set()  # its handler returns; its answers cannot leave any more
+        endpoints = frozenset(
+            h
+            for sub in handle.subs
+            if sub.mode in ("consume", "fetch")
+            for s, h in HASHES.items()
+            if matches(s, sub.pattern)
+        )
+        with self.lock:
+            self.lossy.append((started, ended, endpoints, handle))
 
     # ------------------------------------------------------------------ subscriptions
 
@@ -216,12 +314,20 @@ class World:
         return sub
 
     def subscribe(
-        self, handle: ClientHandle, pattern: str, behaviour: str, credit: int | None, default: int
+        self,
+        handle: ClientHandle,
+        pattern: str,
+        behaviour: str,
+        credit: int | None,
+        default: int,
+        ack_wait: float | None = None,
     ) -> Sub:
         sub = self._new_sub(pattern, "consume", behaviour, credit, default)
-        sub.client = handle
+        sub.client, sub.ack_wait = handle, ack_wait
         handle.subs.append(sub)
-        sub.unsubscribe = handle.client.subscribe(pattern, Handler(self, sub), credit=credit)
+        sub.unsubscribe = handle.client.subscribe(
+            pattern, Handler(self, sub), credit=credit, ack_wait=ack_wait
+        )
         return sub
 
     def observe(self, handle: ClientHandle, pattern: str, seq: int) -> Sub:
@@ -237,6 +343,54 @@ class World:
         assert sub.unsubscribe is not None
         sub.unsubscribe()
         sub.ended, sub.ended_at = True, time.monotonic()
+
+    def fetch(
+        self, handle: ClientHandle, pattern: str, batch: int, wait: float, ack_wait: float | None
+    ) -> Sub:
+        """One fetch: what it returns is held by the client until answered (`answer`)."""
+        sub = self._new_sub(pattern, "fetch", "hold", batch, batch)
+        sub.client, sub.ack_wait = handle, ack_wait
+        handle.subs.append(sub)
+        called = time.monotonic()
+        try:
+            messages = handle.client.fetch(pattern, batch=batch, wait=wait, ack_wait=ack_wait)
+        finally:
+            sub.ended = True  # a fetch ends with its answer
+            sub.ended_at = time.monotonic()
+        returned = time.monotonic()
+        with self.lock:
+            for message in messages:
+                receipt = self._receipt(
+                    sub, message.id, message.endpoint, message.deliveries, returned
+                )
+                receipt.since, receipt.message = (called, returned), message
+        return sub
+
+    def answer(self, receipt: Receipt, how: str) -> str:
+        """Answer a fetched message (ack, nack, in_progress), confirmed: "ok" or
+        "refused" (invalid_state: the hand-out is no longer its client's); other errors
+        are raised."""
+        message = receipt.message
+        assert message is not None
+        called = time.monotonic()
+        try:
+            if how == "ack":
+                message.ack()
+            elif how == "nack":
+                message.nack(f"model nack {message.id}")
+            else:
+                message.in_progress()
+        except InvalidState:
+            with self.lock:
+                receipt.refused_at, receipt.refused_how = time.monotonic(), how
+            return "refused"
+        returned = time.monotonic()
+        with self.lock:
+            if how == "in_progress":
+                receipt.since = (called, returned)
+            else:
+                receipt.handled, receipt.handled_at = how, called
+        return "ok"
 
     def spawn_consumer(self, pattern: str, credit: int) -> Sub:
         sub = self._new_sub(pattern, "process", "hold", credit, credit)
@@ -271,21 +425,48 @@ class World:
     def read_consumer(self, sub: Sub) -> None:
         """Take the lines a consumer process wrote since the last read as receipts."""
         assert sub.out is not None
-        lines = [line for line in sub.out.read_text().split("\n")[:-1] if line != "ready"]
+        lines = [
+            line.split(" ")
+            for line in sub.out.read_text().split("\n")[:-1]
+            if line not in ("ready", "silent")
+        ]
         with self.lock:
-            for line in lines[len(sub.receipts) :]:
-                message_id, endpoint = line.split(" ")
-                epoch = self.order_epoch.get(endpoint, 0)
-                sub.receipts.append(Receipt(sub, message_id, endpoint, self.router_epoch, epoch))
+            for message_id, endpoint, deliveries, _, at in lines[len(sub.receipts) :]:
+                self._receipt(sub, message_id, endpoint, int(deliveries), float(at))
 
     def kill_consumer(self, sub: Sub) -> None:
         assert sub.proc is not None
+        killed = time.monotonic()
         sub.proc.send_signal(signal.SIGKILL)
         sub.proc.wait(10)
         self.read_consumer(sub)
-        sub.ended, sub.ended_at = True, time.monotonic()
+        if not sub.ended:
+            sub.ended, sub.ended_at = True, killed
+        sub.killed_at = killed
+        endpoints = frozenset(h for s, h in HASHES.items() if matches(s, sub.pattern))
+        with self.lock:
+            self.lossy.append((killed, time.monotonic(), endpoints, sub))
+
+    def silence_consumer(self, sub: Sub) -> None:
+        """Stop a consumer process's heartbeat (SIGUSR1); it stays connected."""
+        assert sub.proc is not None and sub.out is not None
+        signalled = time.monotonic()
+        sub.proc.send_signal(signal.SIGUSR1)
+        wait_for(
+            lambda: b"silent\n" in sub.out.read_bytes(),  # type: ignore[union-attr]
+            10,
+            interval=0.01,
+            what=f"{sub.name} to go silent",
+        )
+        sub.silenced = (signalled, time.monotonic())
+        sub.ended, sub.ended_at = True, signalled
 
     # ------------------------------------------------------------------ faults
+
+    def set_max_deliveries(self, value: int) -> None:
+        self.checker.set_config({"delivery": {"maxDeliveries": value}})
+        with self.lock:
+            self.max_deliveries.append((time.monotonic(), value))
 
     def restart_writer(self, shard: int, during: Callable[[], Any] | None, delay: float) -> Any:
         """kill -9 writer K and start it again; ``during`` runs on a thread meanwhile."""
@@ -310,12 +491,44 @@ class World:
             return outcome[0]
         return None
 
-    def restart_router(self) -> None:
+    def restart_router(self, writers: str | None = None) -> None:
+        """kill -9 the router and start it again. ``writers``: restart the writers too,
+        "together" with it, or "after_hello": once every open client of this process
+        said hello to the new router (the claims it names are then not yet known to
+        the router as claims in cur/)."""
+        killed = time.monotonic()
+        sessions = {h: h.client._session for h in self.clients if not h.closed}
         self.broker.kill("router")
+        if writers is not None:
+            for shard in range(self.broker.shards):
+                self.broker.kill(f"writer{shard}")
         with self.lock:
             self.router_epoch += 1
         self.broker.start_router()
+        if writers == "after_hello":
+            wait_for(
+                lambda: all(h.client._session != old for h, old in sessions.items()),
+                15,
+                interval=0.02,
+                what="every open client to say hello to the new router",
+            )
+        if writers is not None:
+            for shard in range(self.broker.shards):
+                self.broker.start_writer(shard)
         self.broker.wait_ready()
+        ready = time.monotonic()
+        # A push in flight when the router died is lost; consumers that could have
+        # been pushed something: the live consuming subscriptions.
+        endpoints = frozenset(
+            h
+            for sub in self.subs
+            if sub.mode in ("consume", "process") and not sub.ended
+            for s, h in HASHES.items()
+            if matches(s, sub.pattern)
+        )
+        with self.lock:
+            self.restarts.append((killed, ready))
+            self.lossy.append((killed, ready, endpoints, None))
 
     def stray(self, index: int, kind: int, junk: bool, hold: float, *, shards: bool = True) -> str:
         """Connect a socket of ``kind`` to one of run/*.sock, maybe send junk, close it."""
