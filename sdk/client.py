@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import Any, NamedTuple
 
 import zmq
 
@@ -103,10 +103,10 @@ class Client(ClientPlumbing):
         self._requests_sent = 0  # closes the open segment of quiet signals (sdk/quiet.py)
         self._refused: NotAuthorized | None = None  # the broker refused our handshake
         self._batch_limit = 1  # requests per frame; the broker's hello may raise it
-        # What the router handed us and we have not answered: (id, endpoint) ->
-        # deliveries. Named in a new hello when the router forgot us (a restart), so
-        # that it stays ours; the session token names the session to resume.
-        self._held: dict[tuple[str, str], int] = {}
+        # What the router handed us and we have not answered: (id, endpoint) -> its
+        # hand-out. Named in a new hello when the router forgot us (a restart), so that
+        # it stays ours; the session token names the session to resume.
+        self._held: dict[tuple[str, str], HeldHere] = {}
         self._held_lock = threading.Lock()
         self._session: str | None = None
         self._resuming = threading.Lock()
@@ -396,30 +396,43 @@ class Client(ClientPlumbing):
 
         def convert(done: Future) -> None:
             try:
-                fetched.set_result(self._held_messages(done.result()["messages"]))
+                items = done.result()["messages"]
+                fetched.set_result(self._held_messages(items, fields.get("ackWait")))
             except BaseException as exc:
                 fetched.set_exception(exc)
 
         raw.add_done_callback(convert)
         return fetched
 
-    def _held_messages(self, items: list[dict[str, Any]]) -> list[Message]:
+    def _held_messages(self, items: list[dict[str, Any]], ack_wait_ms: int | None) -> list[Message]:
         messages = []
         for item in items:
             envelope = Envelope.from_json(item["data"])
             envelope = dataclasses.replace(envelope, deliveries=item["deliveries"])
-            self.holding(envelope.id, item["endpoint"], envelope.deliveries)
+            self.holding(envelope.id, item["endpoint"], envelope.deliveries, ack_wait_ms)
             messages.append(Message(envelope, item["endpoint"], self))
         return messages
 
-    def holding(self, message_id: str, endpoint: str, deliveries: int) -> None:
-        """The router handed us a message: ours until answered."""
+    def holding(
+        self, message_id: str, endpoint: str, deliveries: int, ack_wait_ms: int | None
+    ) -> None:
+        """The router handed us a message: ours until answered (or its deadline)."""
         with self._held_lock:
-            self._held[(message_id, endpoint)] = deliveries
+            self._held[(message_id, endpoint)] = HeldHere(deliveries, ack_wait_ms, time.monotonic())
 
-    def answered(self, message_id: str, endpoint: str) -> None:
+    def answered(self, message_id: str, endpoint: str, deliveries: int) -> None:
+        """Forget a hand-out answered (an earlier one's answer keeps a later one)."""
         with self._held_lock:
-            self._held.pop((message_id, endpoint), None)
+            held = self._held.get((message_id, endpoint))
+            if held is not None and held.deliveries == deliveries:
+                del self._held[(message_id, endpoint)]
+
+    def still_working(self, message_id: str, endpoint: str, deliveries: int) -> None:
+        """in_progress() was confirmed: the hand-out's deadline starts again here too."""
+        with self._held_lock:
+            held = self._held.get((message_id, endpoint))
+            if held is not None and held.deliveries == deliveries:
+                self._held[(message_id, endpoint)] = held._replace(since=time.monotonic())
 
     def wait(self, future: Future, op: str) -> Any:
         """A request's result within the client's timeout, or a typed error."""
@@ -431,8 +444,14 @@ class Client(ClientPlumbing):
         if not self._resuming.acquire(blocking=False):
             return  # under way
         try:
+            now = time.monotonic()
             with self._held_lock:
-                holding = [[i, e, n] for (i, e), n in self._held.items()]
+                # Past its deadline the router may have taken it back: not ours to name.
+                holding = [
+                    [i, e, h.deliveries, h.ack_wait_ms]
+                    for (i, e), h in self._held.items()
+                    if h.ack_wait_ms is None or now < h.since + h.ack_wait_ms / 1000
+                ]
             hello = self._call(
                 "hello",
                 client=f"python-sdk/{os.getpid()}",
@@ -657,6 +676,14 @@ def connect(
         server_key = server_key or os.environ.get("RELAY_SERVER_KEY")
         curve = client_keys(key_file, server_key or where.server_public_key_file)
     return Client(address, timeout=timeout, curve=curve)
+
+
+class HeldHere(NamedTuple):
+    """A hand-out this client holds: which, its ack deadline (ms), since when (monotonic)."""
+
+    deliveries: int
+    ack_wait_ms: int | None
+    since: float
 
 
 def _refusal(subject: str, result: PublishResult) -> RelayError:

@@ -22,7 +22,9 @@ class Answering(Protocol):
 
     def send_request(self, op: str, **fields: Any) -> Future: ...
 
-    def answered(self, message_id: str, endpoint: str) -> None: ...
+    def answered(self, message_id: str, endpoint: str, deliveries: int) -> None: ...
+
+    def still_working(self, message_id: str, endpoint: str, deliveries: int) -> None: ...
 
     def wait(self, future: Future, op: str) -> Any: ...
 
@@ -70,6 +72,6 @@ class Message:
         future = self._client.send_request(
             op, id=self.id, endpoint=self.endpoint, deliveries=self.deliveries, **fields
         )
-        if final:
-            future.add_done_callback(lambda _: self._client.answered(self.id, self.endpoint))
+        done = self._client.answered if final else self._client.still_working
+        future.add_done_callback(lambda _: done(self.id, self.endpoint, self.deliveries))
         return future

@@ -182,7 +182,7 @@ class ClientPlumbing:
                     pass
                 rids, bodies = [], []
                 for delivery, error in due:
-                    self.answered(delivery.id, delivery.endpoint)
+                    self.answered(delivery.id, delivery.endpoint, delivery.deliveries)
                     op, fields = answer_of(delivery, error)
                     rids.append(next(self._rids))  # no future: its reply is dropped
                     bodies.append(wire.encode_request(op, rids[-1], **fields)[1])
@@ -292,7 +292,8 @@ class ClientPlumbing:
                     incoming.sub, incoming.id, incoming.endpoint, incoming.data, incoming.deliveries
                 )
                 if worker.mode == "consume":
-                    self.holding(delivery.id, delivery.endpoint, delivery.deliveries)
+                    ack_wait = worker.fields.get("ackWait")
+                    self.holding(delivery.id, delivery.endpoint, delivery.deliveries, ack_wait)
                 worker.queue.put(delivery)
             return
         self._deadlines.pop(incoming.rid, None)

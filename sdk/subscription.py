@@ -54,7 +54,7 @@ class Answers(Protocol):
 
     def wait(self, future: Future, op: str) -> Any: ...
 
-    def answered(self, message_id: str, endpoint: str) -> None: ...
+    def answered(self, message_id: str, endpoint: str, deliveries: int) -> None: ...
 
     def answers_waiting(self, worker: SubscriptionWorker, waiting: bool) -> None: ...
 
@@ -149,7 +149,7 @@ class SubscriptionWorker:
 
     def _answer_confirmed(self, delivery: Delivery, error: Outcome) -> None:
         op, fields = answer_of(delivery, error)
-        self.client.answered(delivery.id, delivery.endpoint)
+        self.client.answered(delivery.id, delivery.endpoint, delivery.deliveries)
         try:
             self.client.wait(self.client.send_request(op, **fields), op)
         except RelayError as exc:  # taken back meanwhile (invalid_state), or closed
@@ -165,7 +165,7 @@ class SubscriptionWorker:
                 handled, self._unsent = self._unsent, []
             for delivery, error in handled:
                 op, fields = answer_of(delivery, error)
-                self.client.answered(delivery.id, delivery.endpoint)
+                self.client.answered(delivery.id, delivery.endpoint, delivery.deliveries)
                 try:
                     self.client.send_request(op, **fields)
                 except RelayError:

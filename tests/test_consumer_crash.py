@@ -187,3 +187,42 @@ def test_a_confirmed_push_subscription_acks_each_message_before_the_next(broker)
     client.subscribe(BOX, handler, confirm=True)
     wait_for(lambda: len(states_seen) == 2, what="the second and third messages handled")
     assert states_seen == ["done", "done"]
+
+
+def test_a_client_back_before_the_writers_after_a_restart_keeps_what_it_holds(broker):
+    client, other = broker.client(), broker.client()
+    client.register_endpoint(BOX)
+    client.set_config({"delivery": {"sessionTimeoutMs": 1000}})
+    message_id = client.publish(BOX, "work", sender=SENDER).message_id
+    (held,) = client.fetch(BOX)
+    for name in ("router", "writer0", "writer1"):
+        broker.kill(name)
+    broker.start_router()  # alone: the client says hello again before any writer does
+
+    def claimed() -> int:
+        try:
+            return next(e for e in other.status()["endpoints"] if e["subject"] == BOX)["claimed"]
+        except Exception:
+            return 0
+
+    wait_for(claimed, 20, what="the client to say it holds the message")
+    for shard in range(broker.shards):
+        broker.start_writer(shard)
+    broker.wait_ready()
+    assert other.fetch(BOX, wait=2.5) == []  # past the session timeout: still the client's
+    held.ack()
+    assert other.trace(message_id)["copies"][0]["state"] == "done"
+
+
+def test_a_claim_held_across_a_restart_keeps_its_ack_deadline(broker):
+    client, other = broker.client(), broker.client()
+    client.register_endpoint(BOX)
+    message_id = client.publish(BOX, "work", sender=SENDER).message_id
+    (held,) = client.fetch(BOX, ack_wait=2.0)
+    broker.kill("router")
+    broker.start_router()
+    broker.wait_ready()
+    (again,) = other.fetch(BOX, wait=15)  # its holder named it, with its deadline
+    assert (again.id, again.deliveries) == (message_id, 2)
+    with pytest.raises(InvalidState):
+        held.ack()

@@ -246,7 +246,7 @@ class _Recorder:
     def wake_for_answers(self) -> None:
         pass  # no I/O thread here: only the worker answers
 
-    def answered(self, message_id: str, endpoint: str) -> None:
+    def answered(self, message_id: str, endpoint: str, deliveries: int) -> None:
         pass
 
     def answers_waiting(self, worker, waiting: bool) -> None:

@@ -27,6 +27,7 @@ instead of pushing it (`fetches_to_answer`).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -39,6 +40,8 @@ CONSUME, OBSERVE, FETCH = "consume", "observe", "fetch"
 INBOX_DOT = INBOX + "."
 
 Key = tuple[str, str]  # (message id, endpoint hash)
+# A claim a client says it holds: (id, endpoint, deliveries, ack deadline ms or None).
+Holding = tuple[str, str, int, int | None]
 
 
 class Released(NamedTuple):
@@ -133,12 +136,21 @@ class Consumers:
         return session
 
     def resume(
-        self, session: Session, token: str | None, holding: list[tuple[str, str, int]], now_ms: int
+        self,
+        session: Session,
+        token: str | None,
+        holding: list[Holding],
+        now_ms: int,
+        *,
+        unknown: Callable[[str, str], bool] = lambda message_id, endpoint: False,
     ) -> int:
         """A client connected again, presenting the token of its earlier session and
         what it holds. The earlier session's claims, if it lives on another connection
         (same credentials), move to this one, which takes its token; orphans it names
-        with their hand-out are its again. Returns how many claims it holds now."""
+        with their hand-out are its again, and so are claims the router cannot know yet
+        (``unknown``: their writer has not said hello since the router started, so no
+        orphan was found for them); each keeps its ack deadline, from now. Returns how
+        many claims it holds now."""
         earlier_id = self._tokens.get(token) if token else None
         earlier = self.sessions.get(earlier_id) if earlier_id is not None else None
         if earlier is not None and earlier is not session and earlier.user == session.user:
@@ -150,12 +162,14 @@ class Consumers:
             del self._tokens[session.token]
             session.token = token
             self._tokens[token] = session.identity
-        for message_id, endpoint, deliveries in holding:
+        for message_id, endpoint, deliveries, ack_wait in holding:
             key = (message_id, endpoint)
             orphan = self.orphans.get(key)
             if orphan is not None and orphan[0] == deliveries:
                 del self.orphans[key]
-                session.unacked[key] = Held(None, "", deliveries, now_ms)
+            elif not unknown(message_id, endpoint) or self.holder_of(*key) is not None:
+                continue
+            session.unacked[key] = Held(None, "", deliveries, now_ms, ack_wait)
         return len(session.unacked)
 
     def subscribe(

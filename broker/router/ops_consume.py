@@ -17,6 +17,7 @@ from broker.router.context import (
     Context,
     WriterWork,
     check_receives,
+    may_receive,
     now_ms,
 )
 from broker.router.jobs import Job
@@ -31,7 +32,16 @@ SERVER_NAME = "relay"
 
 def hello(ctx: Context, session: Session, req: Hello, rid: int) -> Any:
     session.batches = req.batch
-    holding = ctx.consumers.resume(session, req.session, list(req.holding), now_ms())
+
+    def unknown(message_id: str, endpoint: str) -> bool:
+        """A claim of a shard whose writer has not said hello since the router started:
+        no orphan was looked for yet, so the client's word is taken (the orphans found
+        at the writer's hello leave out what a session holds)."""
+        seen = ctx.writers.state(shard_of(endpoint, ctx.shards)) != "starting"
+        return not seen and not ctx.ledger.holds_claim(message_id, endpoint)
+
+    mine = [h for h in req.holding if _may_hold(ctx, session, h[1])]
+    holding = ctx.consumers.resume(session, req.session, mine, now_ms(), unknown=unknown)
     return {
         "session": session.token,  # present it when connecting again (`resume`)
         "holding": holding,
@@ -43,6 +53,12 @@ def hello(ctx: Context, session: Session, req: Hello, rid: int) -> Any:
         "batch": wire.MAX_BATCH,  # requests per frame this broker accepts
         "signalRuns": True,  # subscribe to "+" topics for runs of signals
     }
+
+
+def _may_hold(ctx: Context, session: Session, endpoint: str) -> bool:
+    """A client may say it holds only messages of endpoints it may consume."""
+    subject = ctx.directory.subject_of(endpoint)
+    return subject is not None and may_receive(session, subject, operator_too=False)
 
 
 def ping(ctx: Context, session: Session, req: Hello, rid: int) -> Any:

@@ -85,7 +85,8 @@ MAX_HOLDING = 10_000  # claims a client may name as its own in one hello
 class Hello:
     batch: bool  # replies of one pass batched into as few frames as possible
     session: str | None = None  # the token of the client's earlier session
-    holding: tuple[tuple[str, str, int], ...] = ()  # (id, endpoint, deliveries) it holds
+    # (id, endpoint, deliveries, ack deadline ms or None) of each claim it holds
+    holding: tuple[tuple[str, str, int, int | None], ...] = ()
 
     @classmethod
     def decode(cls, body: Body) -> Hello:
@@ -98,11 +99,22 @@ class Hello:
             )
         held = []
         for item in holding:
-            if not isinstance(item, list) or len(item) != 3:
-                raise InvalidMessage("each of 'holding' must be [id, endpoint, deliveries]")
-            message_id, endpoint, deliveries = item
+            if not isinstance(item, list) or len(item) not in (3, 4):
+                raise InvalidMessage(
+                    "each of 'holding' must be [id, endpoint, deliveries] or [id, endpoint, "
+                    "deliveries, ackWait]"
+                )
+            message_id, endpoint, deliveries, *rest = item
             fields = {"id": message_id, "endpoint": endpoint, "deliveries": deliveries}
-            held.append((check_id(message_id), _mailbox(fields), _int(fields, "deliveries")))
+            fields["ackWait"] = rest[0] if rest else None
+            held.append(
+                (
+                    check_id(message_id),
+                    _mailbox(fields),
+                    _int(fields, "deliveries", minimum=1),
+                    _ack_wait(fields),
+                )
+            )
         return cls(body.get("batch") is True, session, tuple(held))
 
 
