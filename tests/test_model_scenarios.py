@@ -121,12 +121,6 @@ def test_claims_of_a_dead_consumer_are_handed_out_after_a_router_restart() -> No
     assert sorted(r.deliveries for r in hand_outs(world)) == [1, 1, 2, 2]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="router bug: a client whose hello reaches a restarted router before the "
-    "writer of its claims' shard said hello keeps nothing (Consumers.resume restores "
-    "only orphans it knows); its claims go to others a session timeout later",
-)
 def test_a_live_consumer_keeps_what_it_holds_when_writers_come_back_after_its_hello() -> None:
     if "resume_race" in SKIP:
         pytest.skip("RELAY_MODEL_SKIP=resume_race relaxes this expectation")
@@ -138,11 +132,6 @@ def test_a_live_consumer_keeps_what_it_holds_when_writers_come_back_after_its_he
     )
 
 
-@pytest.mark.xfail(
-    strict=False,  # passes when the client's hello loses the race above
-    reason="router bug: a claim its client names after a router restart is held with "
-    "no ack deadline (Consumers.resume), so it is never handed out again",
-)
 def test_a_fetched_message_keeps_its_ack_deadline_across_a_router_restart() -> None:
     if "resumed_ack_wait" in SKIP:
         pytest.skip("RELAY_MODEL_SKIP=resumed_ack_wait relaxes this expectation")
