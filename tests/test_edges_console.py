@@ -96,6 +96,30 @@ def test_console_shows_a_message_published_from_the_sdk_and_its_trace(
     page.screenshot(path=str(shots / "console-message-trace.png"), full_page=True)
 
 
+def test_console_shows_a_conversation_a_request_and_its_reply(
+    console: tuple[Page, Client], shots: Path
+) -> None:
+    page, client = console
+
+    def answer(envelope: Envelope) -> None:
+        client.reply(envelope, {"content": "pong"}, sender=DEMO)
+
+    client.subscribe(DEMO, answer)
+    reply = client.request(DEMO, {"content": "ping"}, sender=SENDER, timeout=10)
+    request_id = reply.parent_id
+    page.locator("#trace-id").fill(request_id)
+    page.locator("#trace-form button").click()
+    replies = page.locator("#trace .conversation .replies a")
+    expect(replies).to_have_count(1, timeout=10_000)
+    expect(replies.first).to_contain_text(f"{reply.id} from {DEMO}")
+    page.screenshot(path=str(shots / "console-conversation.png"), full_page=True)
+    replies.first.click()  # the reply's own trace says what it answers
+    parent = page.locator("#trace .conversation .parent a")
+    expect(parent).to_have_text(request_id, timeout=10_000)
+    parent.click()
+    expect(page.locator(f'#trace table[data-id="{request_id}"]')).to_be_visible()
+
+
 def test_console_purges_a_dead_letter(console: tuple[Page, Client], shots: Path) -> None:
     page, client = console
 

@@ -47,6 +47,7 @@ from workers.index_sql import (
     PAGE,
     QUERY_FILTERS,
     RECENT_PUBLISHES,
+    REPLIES,
     REQUEUE,
     SCHEMA_VERSION,
     SELECT_ROWS,
@@ -250,6 +251,10 @@ class MessageIndex:
     def get(self, message_id: str) -> list[MessageRecord]:
         """Every stored copy of one message (one per endpoint), by endpoint."""
         return [_record(row) for row in self._conn.execute(GET, (message_id,))]
+
+    def replies_to(self, message_id: str, limit: int = 100) -> list[MessageRecord]:
+        """The copies of the messages that answer ``message_id`` (their parentId)."""
+        return [_record(row) for row in self._conn.execute(REPLIES, (message_id, limit))]
 
     def has(self, message_id: str, endpoint: str) -> bool:
         return self._conn.execute(HAS, (message_id, endpoint)).fetchone() is not None

@@ -48,6 +48,11 @@ MIGRATIONS = [
     ALTER TABLE messages ADD COLUMN deliveries INTEGER NOT NULL DEFAULT 0;
     UPDATE messages SET deliveries = 1 WHERE state IN ('claimed', 'done');
     """,
+    # v3: the replies of a message (trace, the console's conversation view); only
+    # replies have a parent, so the index holds only their rows.
+    """
+    CREATE INDEX messages_parent ON messages (parent_id) WHERE parent_id IS NOT NULL;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -104,6 +109,7 @@ LIST_INDEXES = (
 )
 GET = f"{SELECT_ROWS} WHERE id = ? ORDER BY endpoint"
 HAS = "SELECT 1 FROM messages WHERE id = ? AND endpoint = ?"
+REPLIES = f"{SELECT_ROWS} WHERE parent_id = ? ORDER BY id, endpoint LIMIT ?"
 ALL = f"{SELECT_ROWS} ORDER BY id, endpoint"
 COUNT_NEW_BY_ENDPOINT = (
     "SELECT endpoint, count(*) FROM messages WHERE state = 'new' GROUP BY endpoint"

@@ -105,6 +105,15 @@ class Indexes:
                 copies.extend(index.get(message_id))
         return copies
 
+    def replies_to(self, message_id: str, limit: int = 100) -> list[MessageRecord]:
+        """Every copy of the messages answering ``message_id``, by id (any shard)."""
+        found: list[MessageRecord] = []
+        with self.open() as indexes:
+            for index in indexes:
+                found.extend(index.replies_to(message_id, limit))
+        found.sort(key=lambda r: (r.id, r.endpoint))
+        return found[:limit]
+
     def recent_publishes(self, since: int) -> list[tuple[str, int]]:
         """(sender, created_at) of each message published since ``since`` (ms), once
         each, however many endpoints it reached."""

@@ -76,14 +76,20 @@ def trace(ctx: Context, session: Session, req: Trace, rid: int) -> Any:
     # The copies of what it sent, or may receive (a failed copy's reason is a
     # handler's error text, which may quote the message).
     who = session.who
-    shown = [
-        r
-        for r in ctx.indexes.copies_of(req.id)
-        if may_receive(session, r.subject) or (who and who.may_send_as(r.sender))
-    ]
+
+    def visible(r: MessageRecord) -> bool:
+        return may_receive(session, r.subject) or bool(who and who.may_send_as(r.sender))
+
+    shown = [r for r in ctx.indexes.copies_of(req.id) if visible(r)]
+    replies = [r for r in ctx.indexes.replies_to(req.id) if visible(r)]
     return {
         "id": req.id,
         "copies": [_wire(ctx, r) for r in sorted(shown, key=lambda r: r.endpoint)],
+        # The conversation: what answers this message (each copy), oldest first.
+        "replies": [
+            {"id": r.id, "endpoint": r.endpoint, "subject": r.subject, "from": r.sender}
+            for r in replies
+        ],
     }
 
 

@@ -203,11 +203,19 @@ OPERATIONS: list[tuple[str, str, str, list[dict], dict | None, int | tuple[int, 
     (
         "get",
         "/api/trace/{id}",
-        "Every copy of a message, state and times",
+        "Every copy of a message, state and times, and the replies that answer it",
         [MESSAGE_ID],
         None,
         200,
-        _object({"id": _ID, "copies": _list(_ref("MessageCopy"))}),
+        _object(
+            {
+                "id": _ID,
+                "copies": _list(_ref("MessageCopy")),
+                "replies": _list(
+                    _object({"id": _ID, "endpoint": _STRING, "subject": _STRING, "from": _STRING})
+                ),
+            }
+        ),
     ),
     (
         "get",

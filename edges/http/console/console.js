@@ -183,10 +183,52 @@ async function showTrace(id) {
       const meta = `from ${first.from}, created ${time(first.createdAt)}`;
       title.querySelector(".meta").textContent = meta;
     }
-    target.replaceChildren(title, trace.copies.length ? table : "no copy found");
+    target.replaceChildren(
+      title,
+      trace.copies.length ? table : "no copy found",
+      conversation(first && first.parentId, trace.replies || []),
+    );
   } catch (error) {
     target.textContent = error.message;
   }
+}
+
+// The conversation around a message: what it answers (its parentId) and what answers
+// it, each a link to its own trace.
+function conversation(parentId, replies) {
+  const box = document.createElement("div");
+  box.className = "conversation";
+  const link = (id, text) => {
+    const a = document.createElement("a");
+    a.href = "#";
+    a.className = "link";
+    a.dataset.id = id;
+    a.textContent = text;
+    a.addEventListener("click", (e) => {
+      e.preventDefault();
+      showTrace(id);
+    });
+    return a;
+  };
+  if (parentId) {
+    const p = document.createElement("p");
+    p.className = "parent";
+    p.append("in reply to ", link(parentId, parentId));
+    box.append(p);
+  }
+  const seen = new Set();
+  const answers = replies.filter((r) => !seen.has(r.id) && seen.add(r.id));
+  if (answers.length) {
+    const p = document.createElement("p");
+    p.className = "replies";
+    p.append(`${answers.length === 1 ? "reply" : "replies"}: `);
+    answers.forEach((r, n) => {
+      if (n) p.append(", ");
+      p.append(link(r.id, `${r.id} from ${r.from}`));
+    });
+    box.append(p);
+  }
+  return box;
 }
 
 // ------------------------------------------------------------------ dead letters
