@@ -327,7 +327,7 @@ def test_a_version_1_index_gains_parent_id_and_deliveries_agreeing_with_its_file
     with MessageIndex(path) as index:
         # Then it is migrated, and each row counts what its file says: a file in cur/
         # was handed out once (no N= then), one in new/ never; no file had a parentId
-        assert index.schema_version == SCHEMA_VERSION == 2
+        assert index.schema_version == SCHEMA_VERSION == 3
         rows = {r.id: r for r in index.all_records()}
         assert rows[waiting.id] == waiting
         assert rows[claimed.id] == dataclasses.replace(claimed, deliveries=1)
