@@ -838,10 +838,10 @@ class RelayBroker:
         self.signal_times = []
         slots = threading.Semaphore(INFLIGHT)
         subject = f"{SUBJECT}.sig"
-        request = self.publisher.request
+        send_request = self.publisher.send_request
         for n in range(SIGNAL_N):
             slots.acquire()
-            future = request("signal", subject=subject, signal=_signal_wire(n, self.round))
+            future = send_request("signal", subject=subject, signal=_signal_wire(n, self.round))
             future.add_done_callback(lambda _f: slots.release())
         return self._signal_rate()
 
