@@ -27,6 +27,14 @@ after all rounds ran (no ceiling; ``--only soak`` measures drift over time); the
 CPU time (user + system, all its threads) per publish during the 100-in-flight run, the
 figure to hold against a change of the router's code (no ceiling).
 
+Pull and ask, on the 2-shard broker (`PullAndAsk`): a backlog of 1,000 messages drained
+by ``fetch`` with confirmed acks (``ack()`` one at a time; ``ack_async()`` for a whole
+batch) beside the same backlog drained by a push subscription, each until its last ack
+is durable; one publish -> ``fetch(wait)`` -> ``ack()`` at a time beside the push rows
+(publish -> handler) and a publish's round trip; ``request`` -> ``reply`` one at a time
+beside a publish's round trip, and from 8 threads beside publishes from 8 threads; the
+router's CPU per message or request beside its push or publish counterpart.
+
 Every figure is the median of ``rounds`` interleaved rounds (all contenders once per
 round, Relay beside its ceiling). The broker homes and the raw files live on a real disk
 (``/tmp`` when it is not tmpfs, else ``bench/results/tmp``): fsync must cost what it costs.
@@ -58,6 +66,8 @@ from sdk.paths import shard_of
 from sdk.subjects import endpoint_hash
 from sdk.subscription import ACK_DELAY_S, answers_together
 from sdk.types import Signal, SignalType
+from workers.index import MessageIndex
+from workers.records import State
 from workers.syncfs import syncfs
 
 SHARD_COUNTS = (1, 2)
@@ -84,6 +94,15 @@ OFFERED_SECONDS = 3.0
 WARMUP = 200
 # (e)'s consumer answers as the SDK's does with the default credit (sdk.subscription).
 ACKS_TOGETHER = answers_together(DEFAULT_CONFIG["limits"]["defaultCredit"])
+# Pull and ask (`PullAndAsk`, on the broker with the most shards).
+DRAIN_N = 1000  # messages waiting on one endpoint, drained per round by each consumer
+PUSH_CREDIT = DEFAULT_CONFIG["limits"]["defaultCredit"]  # a subscription's, by default
+FETCH_BATCH = 10  # fetch's default batch
+FETCH_BIG_BATCH = PUSH_CREDIT  # as many held at once as a push subscription may hold
+FETCH_RT_N = 300  # publish -> fetch(wait) -> ack round trips per round
+REQUEST_N = 300  # request -> reply round trips per round, one at a time
+REQUEST_THREADS = 8  # threads of one client calling request() (or publish()) in a loop
+REQUEST_THREADED_N = 800  # requests (or publishes) per round over those threads
 
 _OPEN_NEW = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC
 _TOPIC = b"relay.signal.bench"
@@ -838,10 +857,10 @@ class RelayBroker:
         self.signal_times = []
         slots = threading.Semaphore(INFLIGHT)
         subject = f"{SUBJECT}.sig"
-        request = self.publisher.request
+        send_request = self.publisher.send_request
         for n in range(SIGNAL_N):
             slots.acquire()
-            future = request("signal", subject=subject, signal=_signal_wire(n, self.round))
+            future = send_request("signal", subject=subject, signal=_signal_wire(n, self.round))
             future.add_done_callback(lambda _f: slots.release())
         return self._signal_rate()
 
@@ -888,6 +907,205 @@ class RelayBroker:
         stop_broker(self.broker)
 
 
+# --------------------------------------------------------------------------- Relay: pull, ask
+
+
+class PullAndAsk:
+    """The consumer's half on one broker, with its own clients and endpoints (the rows
+    of `RelayBroker` see the broker they always did):
+
+    - a backlog of DRAIN_N messages on one endpoint (published 100 in flight, not
+      timed), drained by a push subscription with the default credit (its acks leave
+      together, sdk/subscription.py) and by ``fetch`` with confirmed acks: ``ack()`` one
+      at a time, or ``ack_async()`` for the whole batch and then waiting for them all.
+      Every drain is timed until its last ack is applied and durable, so the push
+      figure includes its batched acks (`drain_push` says how it sees them);
+    - one publish -> ``fetch(wait)`` -> ``ack()`` at a time: the fetch is asked first,
+      on the client that then publishes (one connection's requests are handled in
+      order, so the fetch is parked at the router when the message is stored);
+    - ``request`` -> ``reply`` -> the reply in the asker's hands, one at a time, and
+      from REQUEST_THREADS threads of one client beside plain publishes from as many.
+      The replier is a push subscription in this process whose handler answers with
+      ``reply_async`` (a blocking ``reply`` would make its one handler thread the bound:
+      one durable publish at a time); a reply that failed fails the row.
+    """
+
+    def __init__(self, relay: RelayBroker) -> None:
+        self.relay = relay
+        self.router = relay.broker.procs["router"].pid
+        self.consumer = relay.broker.client(timeout=30)  # subscribes, fetches, acks
+        self.asker = relay.broker.client(timeout=30)  # requests, and the publishes beside
+        self.replier = relay.broker.client(timeout=30)
+        self.backlog = f"{SUBJECT}.backlog"
+        self.pull = f"{SUBJECT}.pull"
+        self.ask = f"{SUBJECT}.ask"
+        self.told = f"{SUBJECT}.told"  # plain publishes beside the requests
+        self.backlog_hash = endpoint_hash(self.backlog)
+        home = relay.broker.home
+        self.index_path = home.index_db(shard_of(self.backlog_hash, relay.shards))
+        for subject in (self.backlog, self.pull, self.ask, self.told):
+            self.consumer.register_endpoint(subject)
+        self.reply_errors: list[BaseException] = []
+        self.replier.subscribe(self.ask, self._answer)
+        # Every path once before measuring (the first request also makes the asker's
+        # reply inbox: a register and a subscribe).
+        self.drain_push(WARMUP)
+        self.drain_fetch(FETCH_BATCH, together=False, count=WARMUP)
+        self.drain_fetch(FETCH_BATCH, together=True, count=WARMUP)
+        self.fetch_round_trip(20)
+        self.request_single(20)
+        self.request_threaded(REQUEST_THREADS * 5)
+        self.publish_threaded(REQUEST_THREADS * 5)
+
+    def _answer(self, envelope: Any) -> None:
+        reply = self.replier.reply_async(envelope, PAYLOAD, sender=self.ask)
+        reply.add_done_callback(self._replied)
+
+    def _replied(self, future: Any) -> None:
+        try:
+            RelayBroker._check(future.result())
+        except BaseException as exc:
+            self.reply_errors.append(exc)
+
+    def _fill(self, count: int) -> None:
+        """``count`` messages waiting on the backlog endpoint (not timed)."""
+        self.relay._in_flight(count, [self.backlog], 1)
+
+    def drain_push(self, count: int = DRAIN_N) -> dict[str, float]:
+        """The backlog drained by subscribe(): msg/s until the last ack is durable.
+
+        A subscription's acks are not confirmed to its client (the SDK drops their
+        answers), so the end is read where the writer records it: the endpoint's shard
+        index, polled read-only from this process (no work for the router) from the
+        moment the handler saw the last message until no row is claimed. The writer
+        commits a row done after the rename and its flush, as it answers a fetch's ack.
+        """
+        self._fill(count)
+        seen = [0]
+        all_seen = threading.Event()
+
+        def handler(_envelope: Any) -> None:  # one handler thread: no lock needed
+            seen[0] += 1
+            if seen[0] == count:
+                all_seen.set()
+
+        index = MessageIndex(self.index_path, readonly=True)
+        try:
+            before = cpu_us(self.router)
+            start = time.perf_counter()
+            unsubscribe = self.consumer.subscribe(self.backlog, handler)
+            try:
+                if not all_seen.wait(60):
+                    raise RuntimeError(f"subscription saw {seen[0]}/{count} waiting messages")
+            finally:
+                unsubscribe()  # its last acks leave now
+            deadline = time.monotonic() + 30
+            while index.count(endpoint=self.backlog_hash, state=State.CLAIMED):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the subscription's acks were not applied within 30 s")
+                time.sleep(0.001)
+            elapsed = time.perf_counter() - start
+        finally:
+            index.close()
+        return {"rate": rate(count, elapsed), "router_cpu": (cpu_us(self.router) - before) / count}
+
+    def drain_fetch(self, batch: int, *, together: bool, count: int = DRAIN_N) -> dict[str, float]:
+        """The backlog drained by fetch(batch) and confirmed acks: one ``ack()`` at a
+        time, or (``together``) every ``ack_async()`` of a batch, then waiting for them."""
+        self._fill(count)
+        fetch, wait = self.consumer.fetch, self.consumer.wait
+        drained = 0
+        before = cpu_us(self.router)
+        start = time.perf_counter()
+        while drained < count:
+            messages = fetch(self.backlog, batch=batch, wait=5.0)
+            if not messages:
+                raise RuntimeError(f"fetch found {drained}/{count} waiting messages")
+            if together:
+                for future in [message.ack_async() for message in messages]:
+                    wait(future, "ack")
+            else:
+                for message in messages:
+                    message.ack()
+            drained += len(messages)
+        elapsed = time.perf_counter() - start
+        if drained != count:
+            raise RuntimeError(f"fetch drained {drained} messages, {count} were waiting")
+        return {"rate": rate(count, elapsed), "router_cpu": (cpu_us(self.router) - before) / count}
+
+    def fetch_round_trip(self, count: int = FETCH_RT_N) -> dict[str, float]:
+        """publish -> the fetch(wait) in the caller's hands (µs) -> ack() returned (µs),
+        one at a time."""
+        client, to_fetch, to_ack = self.consumer, [], []
+        for _ in range(count):
+            fetching = client.fetch_async(self.pull, batch=1, wait=10.0)
+            t0 = time.perf_counter_ns()
+            published = client.publish_async(self.pull, PAYLOAD, sender=SENDER)
+            (message,) = client.wait(fetching, "fetch")
+            to_fetch.append((time.perf_counter_ns() - t0) / 1000)
+            message.ack()
+            to_ack.append((time.perf_counter_ns() - t0) / 1000)
+            self.relay._check(client.wait(published, "publish"))
+        return {
+            "fetch_p50": _pct(to_fetch, 50),
+            "p50": _pct(to_ack, 50),
+            "p99": _pct(to_ack, 99),
+        }
+
+    def request_single(self, count: int = REQUEST_N) -> dict[str, float]:
+        """request() -> reply in hand, one at a time (µs)."""
+        request, latencies = self.asker.request, []
+        for _ in range(count):
+            t0 = time.perf_counter_ns()
+            request(self.ask, PAYLOAD, sender=SENDER, timeout=30)
+            latencies.append((time.perf_counter_ns() - t0) / 1000)
+        if self.reply_errors:
+            raise self.reply_errors[0]
+        return {"p50": _pct(latencies, 50), "p99": _pct(latencies, 99)}
+
+    def request_threaded(self, count: int = REQUEST_THREADED_N) -> dict[str, float]:
+        """Requests/s from REQUEST_THREADS threads of one client; router CPU µs each."""
+        request = self.asker.request
+        result = self._threaded(
+            lambda: request(self.ask, PAYLOAD, sender=SENDER, timeout=30), count
+        )
+        if self.reply_errors:
+            raise self.reply_errors[0]
+        return result
+
+    def publish_threaded(self, count: int = REQUEST_THREADED_N) -> dict[str, float]:
+        """Durable publishes/s from as many threads of the same client, to an endpoint
+        nobody consumes; router CPU µs each."""
+        publish, check = self.asker.publish, self.relay._check
+        return self._threaded(lambda: check(publish(self.told, PAYLOAD, sender=SENDER)), count)
+
+    def _threaded(self, call: Callable[[], Any], count: int) -> dict[str, float]:
+        per_thread = count // REQUEST_THREADS
+        errors: list[BaseException] = []
+
+        def loop() -> None:
+            try:
+                for _ in range(per_thread):
+                    call()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=loop) for _ in range(REQUEST_THREADS)]
+        before = cpu_us(self.router)
+        start = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        elapsed = time.perf_counter() - start
+        if errors:
+            raise errors[0]
+        if any(thread.is_alive() for thread in threads):
+            raise RuntimeError(f"{count} calls from {REQUEST_THREADS} threads not done in 120 s")
+        done = per_thread * REQUEST_THREADS
+        return {"rate": rate(done, elapsed), "router_cpu": (cpu_us(self.router) - before) / done}
+
+
 # --------------------------------------------------------------------------- rows
 
 
@@ -926,6 +1144,18 @@ def rows(rounds: int = 3) -> list[Row]:
         contenders["pipeline_handler"] = pipeline.handler
         for k, b in brokers.items():
             contenders[f"handler_{k}"] = b.handler_latency
+        # Pull and ask beside push consumption and plain publishes, on one broker.
+        pull = PullAndAsk(brokers[biggest])
+        contenders["drain_push"] = pull.drain_push
+        contenders["drain_fetch_ack"] = lambda: pull.drain_fetch(FETCH_BATCH, together=False)
+        contenders["drain_fetch_async"] = lambda: pull.drain_fetch(FETCH_BATCH, together=True)
+        contenders["drain_fetch_async_big"] = lambda: pull.drain_fetch(
+            FETCH_BIG_BATCH, together=True
+        )
+        contenders["fetch_rt"] = pull.fetch_round_trip
+        contenders["request"] = pull.request_single
+        contenders["publish_threaded"] = pull.publish_threaded
+        contenders["request_threaded"] = pull.request_threaded
         m = _interleave(rounds, contenders)
         # The router of the broker the fan-out and reliability rows used, after every round.
         m["rss"] = {"start": brokers[biggest].rss_start, "after": brokers[biggest].rss()}
@@ -1084,6 +1314,7 @@ def _table(m: dict[str, dict[str, float]], kind: str) -> list[Row]:
                 floor_handler["p50"],
             ),
         ]
+    out += _pull_and_ask(m, biggest)
     for k in SHARD_COUNTS:
         signals, sync = m[f"signals_{k}"], m[f"signal_sync_{k}"]
         lost = f", {signals['lost']:.0f} lost" if signals["lost"] else ""
@@ -1118,6 +1349,75 @@ def _table(m: dict[str, dict[str, float]], kind: str) -> list[Row]:
                 rt["rate"],
             ),
         ]
+    return out
+
+
+def _pull_and_ask(m: dict[str, dict[str, float]], shard: str) -> list[Row]:
+    """The `PullAndAsk` rows: fetch beside push, request beside publish (same broker)."""
+    k = max(SHARD_COUNTS)
+    push, single, handler = m["drain_push"], m[f"single_{k}"], m[f"handler_{k}"]
+    drain = f"drain {DRAIN_N:,} waiting, {shard}"
+    by_push = f"the same drained by subscribe (push, credit {PUSH_CREDIT})"
+    out = [
+        Row(f"{drain}, subscribe (push, credit {PUSH_CREDIT}), acks durable", push["rate"], "msg/s")
+    ]
+    for key, how in (
+        ("drain_fetch_ack", f"fetch(batch={FETCH_BATCH}) + ack() each"),
+        ("drain_fetch_async", f"fetch(batch={FETCH_BATCH}) + ack_async() all, then wait"),
+        ("drain_fetch_async_big", f"fetch(batch={FETCH_BIG_BATCH}) + ack_async() all, then wait"),
+    ):
+        out.append(Row(f"{drain}, {how}", m[key]["rate"], "msg/s", by_push, push["rate"]))
+    out += [
+        Row(
+            f"router CPU per message drained, fetch(batch={FETCH_BATCH}) + ack() each",
+            m["drain_fetch_ack"]["router_cpu"],
+            "us",
+            "router CPU per message drained by push",
+            push["router_cpu"],
+        ),
+        Row(
+            f"router CPU per message drained, fetch(batch={FETCH_BIG_BATCH}) + ack_async()",
+            m["drain_fetch_async_big"]["router_cpu"],
+            "us",
+            "router CPU per message drained by push",
+            push["router_cpu"],
+        ),
+    ]
+    rt, what = m["fetch_rt"], f"publish -> fetch(wait) -> ack(), 1 at a time, {shard}"
+    handler_p50 = f"publish -> handler @ {OFFERED_RATE:,}/s: p50"
+    out += [
+        Row(
+            f"publish -> fetch(wait) answered, 1 at a time, {shard}: p50",
+            rt["fetch_p50"],
+            "us",
+            handler_p50,
+            handler["p50"],
+        ),
+        Row(f"{what}: p50", rt["p50"], "us", handler_p50, handler["p50"]),
+        Row(f"{what}: p50", rt["p50"], "us", "publish, 1 in flight: p50", single["p50"]),
+        Row(f"{what}: p99", rt["p99"], "us", "publish, 1 in flight: p99", single["p99"]),
+    ]
+    request, threaded = m["request"], m["request_threaded"]
+    publish_threaded = m["publish_threaded"]
+    what = f"request -> reply, 1 at a time, {shard}"
+    out += [
+        Row(f"{what}: p50", request["p50"], "us", "publish, 1 in flight: p50", single["p50"]),
+        Row(f"{what}: p99", request["p99"], "us", "publish, 1 in flight: p99", single["p99"]),
+        Row(
+            f"request -> reply, {REQUEST_THREADS} threads of one client, {shard}",
+            threaded["rate"],
+            "req/s",
+            f"publish, {REQUEST_THREADS} threads of one client",
+            publish_threaded["rate"],
+        ),
+        Row(
+            f"router CPU per request, {REQUEST_THREADS} threads, {shard}",
+            threaded["router_cpu"],
+            "us",
+            f"router CPU per publish, {REQUEST_THREADS} threads",
+            publish_threaded["router_cpu"],
+        ),
+    ]
     return out
 
 
