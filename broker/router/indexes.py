@@ -15,11 +15,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
 from sdk.errors import RelayError, StorageError
 from sdk.paths import Home, shard_of
+from workers.filenames import place_of
+from workers.fsio import read_file
 from workers.index import MessageIndex
 from workers.maildir import Mailbox
 from workers.records import MessageRecord, State
@@ -124,12 +127,25 @@ class Indexes:
                     seen[message_id] = (sender, created_at)
         return list(seen.values())
 
+    def read_copy(self, record: MessageRecord) -> bytes:
+        """The file of the copy an index row describes: opened where the row says
+        (`place_of`: one open, no listing of cur/, which grows with history); if it moved
+        since the row was written (an ack renames a file before its commit changes the
+        row), looked for, which lists cur/ on that rare path only. Raises RelayError or
+        OSError when it is nowhere."""
+        subdir, name = place_of(
+            record.state, record.id, record.claimed_at, record.finished_at, record.deliveries
+        )
+        try:
+            return read_file(os.path.join(self.home.mailbox(record.endpoint), subdir, name))
+        except FileNotFoundError:
+            mailbox = Mailbox(self.home.mailbox(record.endpoint), record.endpoint)
+            return mailbox.read(record.id)[1]
+
     def with_file(self, record: MessageRecord, wire_record: dict[str, Any]) -> dict[str, Any]:
         """``wire_record`` with the message's envelope, read from its file if it is there."""
-        mailbox = Mailbox(self.home.mailbox(record.endpoint), record.endpoint)
         with contextlib.suppress(RelayError, OSError, ValueError):
-            _, data = mailbox.read(record.id)
-            wire_record["envelope"] = json.loads(data)
+            wire_record["envelope"] = json.loads(self.read_copy(record))
         return wire_record
 
 

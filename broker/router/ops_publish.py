@@ -11,7 +11,6 @@ have reported each copy durable or failed.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from broker.budget import clamp
@@ -27,9 +26,6 @@ from sdk.ids import new_id
 from sdk.paths import UNROUTABLE, shard_of
 from sdk.types import Budget, EndpointInfo, SignalType, default_budget
 from workers import protocol as proto
-from workers.filenames import place_of
-from workers.fsio import read_file
-from workers.maildir import Mailbox
 
 # Signals the router itself emits: a client forging them would mislead every watcher.
 ROUTER_SIGNALS = frozenset({SignalType.DELIVERY_RECEIPT, SignalType.BACKPRESSURE})
@@ -164,17 +160,8 @@ def _stored_budget(ctx: Context, message_id: str, endpoint_subject: str) -> Budg
     record = next((r for r in ctx.indexes.copies_of(message_id) if r.endpoint == info.hash), None)
     if record is None:
         return None
-    subdir, name = place_of(
-        record.state, message_id, record.claimed_at, record.finished_at, record.deliveries
-    )
     try:
-        try:
-            data = read_file(os.path.join(ctx.home.mailbox(info.hash), subdir, name))
-        except FileNotFoundError:
-            # Moved since its row was written (an ack renames the file before its commit
-            # changes the row): look for it, which lists cur/, on this rare path only.
-            _, data = Mailbox(ctx.home.mailbox(info.hash), info.hash).read(message_id)
-        return Budget.from_wire(json.loads(data)["budget"])
+        return Budget.from_wire(json.loads(ctx.indexes.read_copy(record))["budget"])
     except (RelayError, OSError, ValueError, KeyError, TypeError):
         return None  # compacted, or not a Relay envelope
 
