@@ -111,7 +111,7 @@ def test_a_token_of_other_credentials_takes_nothing():
     sub = c.subscribe(b"conn1", SUBJECT, CONSUME, credit=1, now_ms=0)
     c.handed_out(sub, "ID1", "h", "s", 1, 0)
     thief = c.touch(b"conn2", 10, "uid:2")
-    assert c.resume(thief, first.token, [("ID1", "h", 1)], 10) == 0
+    assert c.resume(thief, first.token, [("ID1", "h", 1, None)], 10) == 0
     assert c.holds(b"conn1", "ID1", "h") is not None
 
 
@@ -120,7 +120,8 @@ def test_orphans_wait_one_session_timeout_for_their_holder_then_are_released():
     c.add_orphans([("ID1", "h", 1), ("ID2", "h", 2)], now_ms=0)
     back = c.touch(b"back", 100, "uid:1")
     # The holder names ID1 as it was handed to it; a wrong count is not its hand-out.
-    assert c.resume(back, "a-token-from-before", [("ID1", "h", 1), ("ID2", "h", 1)], 100) == 1
+    holding = [("ID1", "h", 1, None), ("ID2", "h", 1, None)]
+    assert c.resume(back, "a-token-from-before", holding, 100) == 1
     assert c.overdue(SESSION_TIMEOUT_MS) == 0
     assert c.overdue(SESSION_TIMEOUT_MS + 1) == 1
     assert c.take_released() == [Released("ID2", "h", 2, "orphan")]
@@ -149,3 +150,14 @@ def test_a_fetch_is_answered_when_its_claims_are_in_or_its_wait_is_over():
     empty.wait_until = 1000
     assert c.fetches_to_answer(999) == [fetch]
     assert c.fetches_to_answer(1000) == [fetch, empty]
+
+
+def test_a_claim_named_before_its_writer_said_hello_is_taken_on_the_clients_word():
+    c = Consumers()
+    back = c.touch(b"back", 100, "uid:1")
+    holding = [("ID1", "h", 2, 60_000), ("ID2", "h", 1, None)]
+    assert c.resume(back, None, holding, 100, unknown=lambda i, e: i == "ID1") == 1
+    held = c.holds(b"back", "ID1", "h")
+    assert (held.deliveries, held.since, held.ack_wait) == (2, 100, 60_000)
+    c.add_orphans([("ID1", "h", 2)], now_ms=200)  # the writer's hello: not an orphan
+    assert c.orphans == {}
