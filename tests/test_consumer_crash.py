@@ -226,3 +226,23 @@ def test_a_claim_held_across_a_restart_keeps_its_ack_deadline(broker):
     assert (again.id, again.deliveries) == (message_id, 2)
     with pytest.raises(InvalidState):
         held.ack()
+
+
+def test_a_client_keeps_what_it_holds_of_an_endpoint_unregistered_meanwhile(broker):
+    # Found by the model test: a restarted router refused a client's word for claims
+    # of an endpoint unregistered meanwhile (no subject to check its rights against),
+    # so they went to others while the client still held them.
+    client, other = broker.client(), broker.client()
+    client.register_endpoint(BOX)
+    message_id = client.publish(BOX, "work", sender=SENDER).message_id
+    (held,) = client.fetch(BOX)
+    client.unregister_endpoint(BOX)
+    before = client._session  # the token its hello got; a new one once it said hello again
+    broker.kill("router")
+    broker.start_router()
+    broker.wait_ready()
+    wait_for(lambda: client._session != before, 20, what="the client to say hello again")
+    other.register_endpoint(BOX)
+    assert other.fetch(BOX, wait=7) == []  # past the session timeout: still the client's
+    held.ack()
+    assert other.trace(message_id)["copies"][0]["state"] == "done"
