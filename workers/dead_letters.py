@@ -26,7 +26,7 @@ import json
 import logging
 import os
 
-from sdk.errors import InvalidMessage, MessageNotFound
+from sdk.errors import MessageNotFound
 from sdk.ids import is_id, new_id
 from workers.faults import (
     FAIL_AFTER_FAILED_WRITTEN,
@@ -93,14 +93,13 @@ def move_to_failed(
         "failedAt": now_ms,
         "endpoint": mailbox.endpoint,
     }
-    # How many times it was handed out (the name in cur/ says), kept so that the
-    # rebuilt index says it too.
-    if source_dir == mailbox.cur_dir and (handed := _deliveries_in(name)):
-        dead_letter["deliveries"] = handed
-    if source_dir == mailbox.cur_dir:  # a claimed message (a nack): when it was claimed
-        claimed_at = parse_name(name).claimed_at
-        if claimed_at is not None:
-            dead_letter["claimedAt"] = claimed_at
+    if source_dir == mailbox.cur_dir:
+        # A claimed message (a nack): when it was claimed and how many times it was
+        # handed out, as its name in cur/ says, kept so that the rebuilt index says it too.
+        parsed = parse_name(name)
+        if parsed.claimed_at is not None:
+            dead_letter["claimedAt"] = parsed.claimed_at
+        dead_letter["deliveries"] = deliveries_of("cur", parsed)
     envelope = None
     if keep_envelope:
         try:
@@ -167,10 +166,3 @@ def purge_failed(mailbox: MailboxPaths) -> list[str]:
         except OSError as exc:
             raise storage_error(f"purge dead letters of {mailbox.endpoint}", exc) from exc
     return removed
-
-
-def _deliveries_in(name: str) -> int:
-    try:
-        return deliveries_of("cur", parse_name(name))
-    except InvalidMessage:
-        return 0
