@@ -227,14 +227,14 @@ class World:
 
     def open_client(self) -> ClientHandle:
         handle = ClientHandle(f"c{len(self.clients)}", self.broker.client())
-        original = handle.client._take
+        subscriptions = handle.client._subscriptions
+        original = subscriptions.pushed
 
-        def take(incoming: Any) -> None:
-            if isinstance(incoming, wire.Push):
-                self._pushed(handle, incoming)
-            original(incoming)
+        def pushed(push: wire.Push) -> None:
+            self._pushed(handle, push)
+            original(push)
 
-        handle.client._take = take  # type: ignore[method-assign]
+        subscriptions.pushed = pushed  # type: ignore[method-assign]
         self.clients.append(handle)
         return handle
 
@@ -250,7 +250,7 @@ class World:
 
     def _pushed(self, handle: ClientHandle, push: wire.Push) -> None:
         now = time.monotonic()
-        worker = handle.client._subs.get(push.sub)
+        worker = handle.client._subscriptions.workers.get(push.sub)
         handler = getattr(worker, "handler", None)
         with self.lock:
             if not isinstance(handler, Handler):
@@ -497,7 +497,7 @@ class World:
         said hello to the new router (the claims it names are then not yet known to
         the router as claims in cur/)."""
         killed = time.monotonic()
-        sessions = {h: h.client._session for h in self.clients if not h.closed}
+        sessions = {h: h.client._transport.session for h in self.clients if not h.closed}
         self.broker.kill("router")
         if writers is not None:
             for shard in range(self.broker.shards):
@@ -507,7 +507,7 @@ class World:
         self.broker.start_router()
         if writers == "after_hello":
             wait_for(
-                lambda: all(h.client._session != old for h, old in sessions.items()),
+                lambda: all(h.client._transport.session != old for h, old in sessions.items()),
                 15,
                 interval=0.02,
                 what="every open client to say hello to the new router",
