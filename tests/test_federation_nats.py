@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from sdk.client import Client
+from sdk.errors import Timeout
+from sdk.subjects import inbox_sender
 from sdk.types import Envelope, Signal, SignalType
 from tests.harness import Broker, wait_for, write_auth
 from tests.nats_cluster import NatsCluster
@@ -113,6 +115,35 @@ def test_a_message_from_a_reaches_a_consumer_on_b_and_the_reply_comes_back(nodes
     wait_for(lambda: answers, 30, what="the reply from b")
     assert answers[0].payload == {"content": "pong"}
     assert answers[0].budget.ancestor_chain == (B_AGENT, A_AGENT)
+
+
+def test_a_request_from_a_gets_the_reply_of_an_endpoint_on_b(nodes):
+    _, a, b = nodes
+    b.client.subscribe(B_AGENT, lambda m: b.client.reply(m, {"re": m.payload}, sender=B_AGENT))
+    reply = a.client.request(B_AGENT, "ping", sender=A_AGENT, timeout=60)
+    assert (reply.payload, reply.sender) == ({"re": "ping"}, B_AGENT)
+    assert inbox_sender(reply.subject) == A_AGENT  # stored in a's reply inbox, on a
+    request_id = reply.parent_id
+    assert reply.budget.ancestor_chain == (B_AGENT, reply.subject)
+    assert [c["endpointSubject"] for c in b.client.trace(request_id)["copies"]] == [B_AGENT]
+
+
+def test_a_reply_from_b_after_the_request_gave_up_is_a_late_reply_dead_letter_on_a(nodes):
+    _, a, b = nodes
+    with pytest.raises(Timeout):
+        a.client.request(B_AGENT, "first", sender=A_AGENT, timeout=5)
+    (first,) = b.client.fetch(B_AGENT, wait=60)
+    b.client.reply(first.envelope, "too late", sender=B_AGENT)
+    first.ack()
+    dead = wait_for(
+        lambda: [d for d in a.client.dead_letters() if d["code"] == "late_reply"],
+        60,
+        what="the late reply's dead letter on a",
+    )
+    assert len(dead) == 1
+    b.client.subscribe(B_AGENT, lambda m: b.client.reply(m, {"second": m.payload}, sender=B_AGENT))
+    reply = a.client.request(B_AGENT, "again", sender=A_AGENT, timeout=60)
+    assert reply.payload == {"second": "again"}
 
 
 def test_a_loop_from_a_to_b_and_back_is_stopped_by_the_budget(nodes):
