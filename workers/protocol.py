@@ -71,6 +71,15 @@ ALREADY_STORED = "already_stored"  # a `stored` code: a relayed copy the endpoin
 ID_CONFLICT = "id_conflict"  # a `stored` code: the endpoint has this id from elsewhere
 
 
+def id_conflict(message_id: str, node: str, where: str, stored_from: str | None) -> str:
+    """The sentence of an ``id_conflict``: ``where`` (an endpoint) holds a copy of
+    ``message_id`` that came from ``stored_from`` (None: published there), not ``node``."""
+    source = "published there" if stored_from is None else f"relayed from node {stored_from}"
+    return (
+        f"message {message_id} from node {node} not stored: {where} has a copy of that id {source}"
+    )
+
+
 # ---------------------------------------------------------------------- the records
 # Each packs as a msgpack array (a NamedTuple is a tuple): its fields, in order, are the
 # positional form the module's docstring gives.

@@ -306,10 +306,7 @@ class Writer:
                 code, message = proto.ALREADY_STORED, f"message {h.id} is already in {h.endpoint}"
             else:
                 code = proto.ID_CONFLICT
-                message = (
-                    f"message {h.id} from node {origin} not stored: endpoint {h.endpoint} "
-                    f"has a copy of that id {_from(stored_from)}"
-                )
+                message = proto.id_conflict(h.id, origin, f"endpoint {h.endpoint}", stored_from)
             results.append(proto.Stored(h.token, h.id, h.endpoint, None, code, message, h.target))
         return kept
 
@@ -531,10 +528,6 @@ _STORED_STATE = {
     proto.TARGET_CUR: State.CLAIMED,
     proto.TARGET_FAILED: State.FAILED,
 }
-
-
-def _from(origin: str | None) -> str:
-    return "published there" if origin is None else f"relayed from node {origin}"
 
 
 def _claimed_at(name: str) -> int:

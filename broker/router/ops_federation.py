@@ -46,7 +46,7 @@ from sdk.errors import NotAuthorized, RelayError, SenderNotAllowed, Unavailable
 from sdk.paths import UNROUTABLE, shard_of
 from sdk.subjects import inbox_sender
 from sdk.types import EndpointInfo, relayed_from
-from workers.protocol import ID_CONFLICT
+from workers.protocol import ID_CONFLICT, id_conflict
 from workers.records import MessageRecord
 
 
@@ -115,14 +115,8 @@ def _not_stored(
         if origin == node:
             already += 1
             continue
-        where = "published there" if origin is None else f"relayed from node {origin}"
-        detail = (
-            f"message {record.id} from node {node} not stored: {target.subject} has a copy "
-            f"of that id {where}"
-        )
-        conflicts.append(
-            Copy(target.hash, target.subject, b"", refusal=Refusal(ID_CONFLICT, detail))
-        )
+        refusal = Refusal(ID_CONFLICT, id_conflict(record.id, node, target.subject, origin))
+        conflicts.append(Copy(target.hash, target.subject, b"", refusal=refusal))
     return fresh, tuple(conflicts), already
 
 
