@@ -32,8 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from bench.bench_storage import fs_type
-from bench.common import Row, rate, remove_when_done
+from bench.common import Row, fs_type, rate, remove_when_done
 from ops.archive import MESSAGE_COLUMNS
 from ops.live import FILE_SCHEMA, rows_table
 from sdk.paths import Home, shard_of
