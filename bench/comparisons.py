@@ -140,12 +140,11 @@ def table(comparisons: list[Comparison], measured: dict[str, Figures], fs: str) 
 
 # --------------------------------------------------------------------------- the floors
 
-RAW_SINGLE, RAW_BATCHED = "raw_single", "raw_batched"  # (a), (b)
-A_RATE = Floor("(a) write+fsync+rename+dir fsync, one at a time", Figure(RAW_SINGLE))
-A_P50 = Floor("(a) p50", Figure(RAW_SINGLE, "p50"))
-A_P99 = Floor("(a) p99", Figure(RAW_SINGLE, "p99"))
-B_RATE = Floor(f"(b) batched by {RAW_BATCH}: syncfs + 1 dir fsync", Figure(RAW_BATCHED))
-B_FILES = Floor(f"{B_RATE.label} (per file)", Figure(RAW_BATCHED))
+A_RATE = Floor("(a) write+fsync+rename+dir fsync, one at a time", Figure("raw_single"))
+A_P50 = Floor("(a) p50", Figure("raw_single", "p50"))
+A_P99 = Floor("(a) p99", Figure("raw_single", "p99"))
+B_RATE = Floor(f"(b) batched by {RAW_BATCH}: syncfs + 1 dir fsync", Figure("raw_batched"))
+B_FILES = Floor(f"{B_RATE.label} (per file)", Figure("raw_batched"))
 C_P50 = Floor("(c) DEALER/ROUTER round trip p50", Figure("raw_rt", "p50"))
 C_RATE = Floor("(c) DEALER/ROUTER, 1 in flight", Figure("raw_rt"))
 C_PIPELINED = Floor(f"(c) DEALER/ROUTER, {INFLIGHT} in flight", Figure("raw_rt_pipelined"))
