@@ -39,7 +39,7 @@ from bench.common import (
     base_dir,
     fs_type,
     interleave_figures,
-    percentile,
+    p50_p99,
     rate,
     remove_when_done,
 )
@@ -150,11 +150,7 @@ class NatsServer:
             await publish(subject, payload)  # raises unless the stream acked it
             latencies.append((time.perf_counter_ns() - t0) / 1000)
         elapsed = time.perf_counter() - start
-        return {
-            "rate": rate(count, elapsed),
-            "p50": percentile(latencies, 50),
-            "p99": percentile(latencies, 99),
-        }
+        return {"rate": rate(count, elapsed), **p50_p99(latencies)}
 
     def pipelined(self, count: int = PIPELINED_N) -> Figures:
         return self.loop.run_until_complete(self._pipelined(count))

@@ -71,6 +71,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
 
 
+def p50_p99(latencies: list[float]) -> Figures:
+    """The median and the 99th percentile of a run's latencies."""
+    return {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99)}
+
+
 def fs_type(path: str) -> str:
     """The filesystem type of the mount holding ``path`` (from /proc/mounts)."""
     path = os.path.realpath(path)

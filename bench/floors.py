@@ -32,7 +32,7 @@ from pathlib import Path
 
 import zmq
 
-from bench.common import Figures, fsync_dir, percentile, rate
+from bench.common import Figures, fsync_dir, p50_p99, percentile, rate
 from bench.workload import (
     ACKS_TOGETHER,
     INFLIGHT,
@@ -98,11 +98,7 @@ class RawDisk:
             fsync_dir(new)
             latencies.append((time.perf_counter_ns() - t0) / 1000)
         elapsed = time.perf_counter() - start
-        return {
-            "rate": rate(SINGLE_N, elapsed),
-            "p50": percentile(latencies, 50),
-            "p99": percentile(latencies, 99),
-        }
+        return {"rate": rate(SINGLE_N, elapsed), **p50_p99(latencies)}
 
     def batched(self) -> Figures:
         tmp, new = self._dirs()
@@ -451,7 +447,7 @@ class RawPipeline:
             send([b"publish", self.body])
             recv()
             latencies.append((time.perf_counter_ns() - t0) / 1000)
-        return {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99)}
+        return p50_p99(latencies)
 
     def handler(self) -> Figures:
         """Publish at OFFERED_RATE; a thread receiving for the consumer notes each
@@ -517,7 +513,7 @@ class RawPipeline:
             raise RuntimeError(f"raw pipeline consumer saw {len(latencies)}/{count}")
         while answered < count:  # the rest, so that no other row reads them
             answered += len(self.publisher.recv_multipart()) // 2
-        return {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99)}
+        return p50_p99(latencies)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

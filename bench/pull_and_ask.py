@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.common import Figures, cpu_us, percentile, rate
+from bench.common import Figures, cpu_us, p50_p99, percentile, rate
 from bench.relay_broker import RelayBroker, check_delivered
 from bench.workload import (
     DRAIN_N,
@@ -167,8 +167,7 @@ class PullAndAsk:
             check_delivered(client.wait(published, "publish"))
         return {
             "fetch_p50": percentile(to_fetch, 50),
-            "p50": percentile(to_ack, 50),
-            "p99": percentile(to_ack, 99),
+            **p50_p99(to_ack),
         }
 
     def request_single(self, count: int = REQUEST_N) -> Figures:
@@ -180,7 +179,7 @@ class PullAndAsk:
             latencies.append((time.perf_counter_ns() - t0) / 1000)
         if self.reply_errors:
             raise self.reply_errors[0]
-        return {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99)}
+        return p50_p99(latencies)
 
     def request_threaded(self, count: int = REQUEST_THREADED_N) -> Figures:
         """Requests/s from REQUEST_THREADS threads of one client; router CPU µs each."""

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import Figures, cpu_us, percentile, rate, rss_mib, stop_broker
+from bench.common import Figures, cpu_us, p50_p99, rate, rss_mib, stop_broker
 from bench.workload import (
     ENDPOINTS,
     FANOUT,
@@ -96,11 +96,7 @@ class RelayBroker:
             latencies.append((time.perf_counter_ns() - t0) / 1000)
             check_delivered(result)
         elapsed = time.perf_counter() - start
-        return {
-            "rate": rate(count, elapsed),
-            "p50": percentile(latencies, 50),
-            "p99": percentile(latencies, 99),
-        }
+        return {"rate": rate(count, elapsed), **p50_p99(latencies)}
 
     def publish_pipelined(self, count: int = PIPELINED_N) -> Figures:
         """Publishes/s, and the router's CPU µs per publish over the same run (its whole
@@ -181,7 +177,7 @@ class RelayBroker:
             time.sleep(0.01)
         with self.lock:
             latencies = list(self.latencies)
-        return {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99)}
+        return p50_p99(latencies)
 
     def cleanup(self) -> None:
         stop_broker(self.broker)
