@@ -57,7 +57,7 @@ def test_a_request_acting_for_an_identity_has_that_identitys_rights_and_no_more(
     a = broker.client(acting_for=AGENT_A)
 
     assert a.publish("relay.agent.a.x", 1, sender="relay.agent.a.me").delivered_to
-    with pytest.raises(SenderNotAllowed, match="agent-a may not send as relay.agent.b.me"):
+    with pytest.raises(SenderNotAllowed, match=r"agent-a may not send as relay\.agent\.b\.me"):
         a.publish("relay.agent.a.x", 1, sender="relay.agent.b.me")
     with pytest.raises(NotAuthorized, match="may not receive"):
         a.subscribe("relay.agent.b.x", lambda envelope: None)
