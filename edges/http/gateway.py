@@ -162,7 +162,9 @@ class Gateway:
             asyncio.get_running_loop().create_task(session.close())
 
     async def sweep(self, now: float, linger: float = HUB_LINGER_S) -> None:
-        """End observer hubs and inboxes that nobody has used for ``linger`` seconds."""
+        """End observer hubs and inboxes that nobody has used for ``linger`` seconds, and
+        the connections of identities whose tokens expired meanwhile (with their streams)."""
+        self._forget_revoked()
         for session in list(self._sessions.values()):
             await session.sweep(now, linger)
 
