@@ -101,11 +101,9 @@ def _add_token(args: argparse.Namespace, home: Home, data: dict[str, Any]) -> in
     if any(args.target == v.get("name") for v in [*data["keys"].values(), *data["uids"].values()]):
         print(f"relay auth: {args.target!r} is taken; remove it first", file=sys.stderr)
         return 2
-    grant: Any = None
     token = new_token()
-    if args.expires is None:
-        grant = token_hash(token)
-    else:
+    grant: Any = token_hash(token)
+    if args.expires is not None:
         try:
             lasts = duration_s(args.expires)
         except ValueError as exc:

@@ -19,7 +19,6 @@ identity's token.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +27,7 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from edges.tokens import AuthFile, Bearer, bearer_token, token_hash
+from edges.tokens import AuthFile, Bearer, bearer_token, now_ms, token_hash
 from sdk import subjects
 from sdk.client import Client
 from sdk.errors import InvalidMessage
@@ -40,10 +39,6 @@ BEARER = "relay.bearer"  # the ASGI scope key of the verified token's identity
 SENDER_HEADER = "relay-sender"
 NO_TOKEN = "a bearer token is needed (Authorization: Bearer <token>): auth.json lists tokens"
 BAD_TOKEN = "unknown, expired or revoked bearer token"
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class TokenGate:

@@ -293,9 +293,15 @@ def build_server(tools: RelayTools, agents: Agents | None = None) -> Server:
         "relay",
         version="0.1.0",
         instructions=(
-            f"Relay message bus; you send as {tools.sender}. Read your messages with "
-            f"relay_inbox(endpoint={tools.sender!r}), answer each with relay_reply when "
-            "asked, then relay_ack it."
+            f"Relay message bus; you send as {tools.sender}"
+            + (
+                ""
+                if agents is None
+                else " (with a bearer token: as its Relay-Sender header names, or as the "
+                "token's one sender subject)"
+            )
+            + f". Read your messages with relay_inbox(endpoint={tools.sender!r} or your "
+            "own), answer each with relay_reply when asked, then relay_ack it."
         ),
         on_list_tools=list_tools,
         on_call_tool=call_tool,

@@ -16,6 +16,7 @@ import hmac
 import json
 import logging
 import secrets
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,11 @@ log = logging.getLogger("relay.tokens")
 
 TOKEN_PREFIX = "relay_"
 HASH_PREFIX = "sha256:"
+
+
+def now_ms() -> int:
+    """The time tokens expire by (unix ms)."""
+    return time.time_ns() // 1_000_000
 
 
 def new_token() -> str:

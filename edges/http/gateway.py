@@ -33,7 +33,7 @@ from edges.held import DEFAULT_ACK_WAIT_S, HeldMessages
 from edges.http.credentials import connection_owner, is_loopback
 from edges.http.errors import unauthenticated
 from edges.http.sse import HUB_LINGER_S, ObserverHub
-from edges.tokens import AuthFile, bearer_token
+from edges.tokens import AuthFile, bearer_token, now_ms
 from sdk.aio import AsyncClient, AsyncMessage
 from sdk.client import connect
 from sdk.errors import EndpointNotFound, InvalidState
@@ -42,12 +42,6 @@ from sdk.paths import Home
 log = logging.getLogger("relay.http")
 
 OWNER = "owner"
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 INBOX_WINDOW = 16  # messages held per identity and endpoint, at most
 
 
