@@ -19,7 +19,13 @@ from broker.publish import PublishPlan, PublishRequest, Refusal, encode_payload,
 from broker.rejections import RATE_LIMITED
 from broker.router import remote_parts as remote
 from broker.router.consumers import Session
-from broker.router.context import DEFERRED, Context, checked_sender, now_ms
+from broker.router.context import (
+    DEFERRED,
+    Context,
+    checked_reply_to,
+    checked_sender,
+    now_ms,
+)
 from broker.router.jobs import Job
 from broker.router.requests import Publish, SendSignal
 from sdk.errors import AccessDenied, NotAuthorized, RelayError, SenderNotAllowed
@@ -36,7 +42,7 @@ def publish(ctx: Context, session: Session, req: Publish, rid: int) -> Any:
     now = now_ms()
     sender = checked_sender(session, req.sender)
     # Replies go out under the consumer's name: only to where we may send.
-    reply_to = None if req.reply_to is None else checked_sender(session, req.reply_to)
+    reply_to = None if req.reply_to is None else checked_reply_to(session, req.reply_to)
     payload_json = encode_payload(req.payload, ctx.config["limits"]["maxPayloadBytes"])
     parent = None if req.parent_id is None else _parent_copy(ctx, req.parent_id, sender)
     budget = _budget(ctx, req, parent, now)
