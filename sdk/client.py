@@ -27,7 +27,7 @@ from typing import Any
 
 import zmq
 
-from sdk import subjects, wire
+from sdk import subjects
 from sdk.curve import CurveKeys, client_keys
 from sdk.errors import (
     InvalidMessage,
@@ -68,9 +68,15 @@ class Client:
         timeout: float = DEFAULT_TIMEOUT,
         ctx: zmq.Context | None = None,
         curve: CurveKeys | None = None,
+        acting_for: str | None = None,
     ) -> None:
         self._transport = Transport(
-            address, timeout=timeout, ctx=ctx, curve=curve, quiet_limit=QUIET_SIGNALS_LIMIT
+            address,
+            timeout=timeout,
+            ctx=ctx,
+            curve=curve,
+            quiet_limit=QUIET_SIGNALS_LIMIT,
+            acting_for=acting_for,
         )
         self._subscriptions = Subscriptions(self._transport)
         self._signals = SignalHandlers(self._transport)
@@ -408,9 +414,7 @@ class Client:
 
     def _signal_quietly(self, fields: dict[str, Any], timeout: float | None) -> None:
         """Queue a signal sent without a reply; `Full` when no room came in ``timeout``."""
-        self._transport.send_quietly(
-            wire.encode_request("signal", 0, reply=False, **fields)[1], timeout
-        )
+        self._transport.send_quietly("signal", timeout, **fields)
 
     def on_signal(self, pattern: str, handler: SignalHandler) -> Callable[[], None]:
         """Call handler(subject, signal) for each signal whose subject matches pattern."""
@@ -524,6 +528,7 @@ def connect(
     timeout: float = DEFAULT_TIMEOUT,
     key_file: str | os.PathLike[str] | None = None,
     server_key: str | os.PathLike[str] | None = None,
+    acting_for: str | None = None,
 ) -> Client:
     """Connect to the broker of a data directory (default $RELAY_HOME or ~/.dork/relay).
 
@@ -531,6 +536,10 @@ def connect(
     certificate (default ``$RELAY_KEY_FILE``) and ``server_key`` the broker's public key,
     as Z85 text or a certificate path (default ``$RELAY_SERVER_KEY``, else
     ``<home>/keys/server.key`` when this machine has it).
+
+    ``acting_for``: the user id (``key:<z85>``) of the identity every request of this
+    client acts for; the connection's own identity must have the delegation right
+    (docs/security.md, "Delegation").
     """
     where = Home(home)
     address = address or where.router_address
@@ -539,7 +548,7 @@ def connect(
     if key_file and address.startswith("tcp://"):  # ipc:// checks the uid instead
         server_key = server_key or os.environ.get("RELAY_SERVER_KEY")
         curve = client_keys(key_file, server_key or where.server_public_key_file)
-    return Client(address, timeout=timeout, curve=curve)
+    return Client(address, timeout=timeout, curve=curve, acting_for=acting_for)
 
 
 def _refusal(subject: str, result: PublishResult) -> RelayError:

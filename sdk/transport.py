@@ -87,10 +87,14 @@ class Transport:
         ctx: zmq.Context | None = None,
         curve: CurveKeys | None = None,
         quiet_limit: int,
+        acting_for: str | None = None,
     ) -> None:
         self.address = address
         self.timeout = timeout  # a request's deadline unless it says another
         self._curve = curve
+        # Every request names the identity it acts for (a delegate's connection:
+        # docs/security.md, "Delegation"); empty: the connection's own identity.
+        self._acting: dict[str, str] = {"actingFor": acting_for} if acting_for else {}
         self._ctx = ctx or zmq.Context.instance()
         self._rids = itertools.count(1)
         self._futures: dict[int, Future] = {}
@@ -165,7 +169,7 @@ class Transport:
         runs on the I/O thread with a successful result before anything read after it."""
         rid = next(self._rids)
         future: Future = Future()
-        body = wire.encode_request(op, rid, **fields)[1]
+        body = wire.encode_request(op, rid, **self._acting, **fields)[1]
         with self._lock:  # close() takes it too: no send on a closed socket
             if self._closed:
                 raise Unavailable("client is closed")
@@ -216,9 +220,10 @@ class Transport:
                 f"no reply to {op!r} from the broker at {self.address} within {limit:g} s"
             ) from None
 
-    def send_quietly(self, body: bytes, timeout: float | None) -> None:
-        """Queue a request body sent without a reply (a signal with wait=False); `Full`
+    def send_quietly(self, op: str, timeout: float | None, **fields: Any) -> None:
+        """Queue a request sent without a reply (a signal with wait=False); `Full`
         (sdk/quiet.py) when no room came in ``timeout``."""
+        body = wire.encode_request(op, 0, reply=False, **self._acting, **fields)[1]
         self._quiet.wait_for_room(timeout)  # not under the lock: the I/O thread frees room
         with self._lock:  # as requests are sent: one order for signals and requests
             if self._closed:
@@ -383,7 +388,7 @@ class Transport:
             pass
         rids = [next(self._rids) for _ in requests]  # no future: their replies are dropped
         bodies = [
-            wire.encode_request(op, rid, **fields)[1]
+            wire.encode_request(op, rid, **self._acting, **fields)[1]
             for rid, (op, fields) in zip(rids, requests, strict=True)
         ]
         with self._dealer_lock:

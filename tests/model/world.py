@@ -63,16 +63,16 @@ CONSUMER_SCRIPT = r"""
 import os, signal, sys, threading, time
 import zmq
 from sdk import wire
-from sdk.client import Client, connect
+from sdk.client import connect
+from sdk.subscriptions import Subscriptions
 home, pattern, credit, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-take = Client._take
-def _take(self, incoming):
-    if isinstance(incoming, wire.Push):
-        line = f"{incoming.id} {incoming.endpoint} {incoming.deliveries} {incoming.sub}"
-        os.write(fd, f"{line} {time.monotonic():.6f}\n".encode())
-    take(self, incoming)
-Client._take = _take
+pushed = Subscriptions.pushed
+def _pushed(self, push):
+    line = f"{push.id} {push.endpoint} {push.deliveries} {push.sub}"
+    os.write(fd, f"{line} {time.monotonic():.6f}\n".encode())
+    pushed(self, push)
+Subscriptions.pushed = _pushed
 silent = threading.Event()
 encode = wire.encode_request
 def encode_request(op, rid, **fields):
