@@ -1,18 +1,14 @@
 """A client's connection to its router: the one owner of the ZeroMQ sockets, the I/O
 thread, the requests in flight with their deadlines, and the session.
 
-A calling thread sends a request (`send_request`) and waits on a future with a deadline
-(`wait`). With few requests in flight (`DIRECT_BELOW`) and nothing queued before it, it
-sends on the DEALER itself, under the DEALER's lock: no hand-off to the I/O thread on
-the way out (docs/performance.md, "The SDK's hand-offs"). Otherwise it queues the
-request for the I/O thread through an inproc socket, and requests queued together
-leave together, as batch frames when the broker takes them. The I/O thread owns the
-rest: it polls the DEALER's file descriptor (never the socket, which callers use under
-the lock meanwhile), takes replies and pushed messages, pings every `HEARTBEAT_S`, and
-fails requests past their deadline or refused at the handshake. What is not the reply
-to a request it hands up through a small interface, `Consumer` (pushed messages, the
-subscriptions the router holds, answers whose delay passed), and a sink for signal
-messages.
+Calling threads hand requests to the I/O thread through an inproc socket
+(`send_request`) and wait on a future with a deadline (`wait`). The I/O thread alone
+owns the sockets (a DEALER to the router, a SUB for signals): it forwards what callers
+queued, as batch frames when the broker takes them, takes replies and pushed messages,
+pings every `HEARTBEAT_S`, and fails requests past their deadline or refused at the
+handshake. What is not the reply to a request it hands up through a small interface,
+`Consumer` (pushed messages, the subscriptions the router holds, answers whose delay
+passed), and a sink for signal messages.
 
 The session is the transport's too: the hello's token and the hand-outs this client
 holds (sdk/holdings.py). When a heartbeat's reply names another session (the router
@@ -50,11 +46,6 @@ HEARTBEAT_S = 1.0
 IO_POLL_MS = 200  # the I/O thread's longest sleep
 # A refusal, not a connection cut mid-handshake (NO_DETAIL: a router restarting).
 _REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-# A caller sends its request itself while fewer than this many wait for a reply: one
-# round trip at a time wants no hand-off; many at once want the I/O thread's batches
-# (one frame, one router read, for ten or twenty publishes at 100 in flight).
-DIRECT_BELOW = 4
-_POLLIN = int(zmq.POLLIN)
 _numbers = itertools.count(1)  # names each transport's inproc socket uniquely
 
 Request = tuple[str, dict[str, Any]]  # an operation and its fields
@@ -101,11 +92,6 @@ class Transport:
         self._deadlines: dict[int, float] = {}  # rid -> time.monotonic() deadline
         self._on_reply: dict[int, ReplyHook] = {}  # rid -> run on the I/O thread first
         self._lock = threading.Lock()  # sends to the I/O thread; never taken by it
-        # Every use of the DEALER once the I/O thread made it (ZeroMQ sockets are not
-        # thread-safe); held only for non-blocking calls, so the I/O thread may take it.
-        self._dealer_lock = threading.Lock()
-        self._dealer: zmq.Socket | None = None  # None until the I/O thread made it, and after
-        self._queued = 0  # requests and signal markers queued for the I/O thread, not sent
         self._closed = False
         outbox_addr = f"inproc://relay-client-{next(_numbers)}"
         self._outbox_in = self._ctx.socket(zmq.PULL)
@@ -177,33 +163,9 @@ class Transport:
             self._deadlines[rid] = time.monotonic() + (self.timeout if timeout is None else timeout)
             if on_reply is not None:
                 self._on_reply[rid] = on_reply
+            self._outbox.send(b"R" + rid.to_bytes(8, "big") + body)
             self._requests_sent += 1
-            if not self._send_direct(rid, body):
-                try:
-                    self._outbox.send(b"R" + rid.to_bytes(8, "big") + body)
-                except BaseException:
-                    with self._dealer_lock:
-                        self._queued -= 1  # never queued after all
-                    raise
         return future
-
-    def _send_direct(self, rid: int, body: bytes) -> bool:
-        """Send a request on the DEALER from the calling thread (under the caller's
-        `_lock`); False when it must go through the I/O thread instead, behind what is
-        queued there (order) or to join a batch (many in flight)."""
-        with self._dealer_lock:
-            if self._queued or len(self._futures) > DIRECT_BELOW or self._dealer is None:
-                self._queued += 1  # the caller queues it now, under its lock
-                return False
-            refused = self._send([rid], [body])
-            # A send may take the readiness the I/O thread polls for (ZMQ_FD is edge
-            # triggered): wake it if something waits to be read.
-            events = self._dealer.getsockopt(zmq.EVENTS)
-            readable = isinstance(events, int) and events & _POLLIN
-        self._refused_sends(*refused)
-        if readable:
-            self._outbox.send(b"W")
-        return True
 
     def call(self, op: str, *, timeout: float | None = None, **fields: Any) -> Any:
         """One request and its result (or typed error) within the deadline."""
@@ -230,14 +192,10 @@ class Transport:
                 raise Unavailable("client is closed")
             if not self._quiet.add(body, self._requests_sent):
                 return  # the marker of its segment is on its way already
-            with self._dealer_lock:
-                self._queued += 1
             try:
                 self._outbox.send(b"Q")
             except BaseException:
                 self._quiet.withdraw_last()  # no marker would ever take it
-                with self._dealer_lock:
-                    self._queued -= 1
                 raise
 
     def listen_signals(self, address: str) -> None:
@@ -304,34 +262,29 @@ class Transport:
 
     # ------------------------------------------------------------------ the I/O thread
 
-    def _open_dealer(self, poller: zmq.Poller) -> zmq.Socket:
-        """A DEALER to the router (polled by its file descriptor: callers use the socket
-        meanwhile), and the monitor that reports a refused handshake (returned)."""
+    def _open_dealer(self, poller: zmq.Poller) -> tuple[zmq.Socket, zmq.Socket]:
+        """A DEALER to the router, and the monitor that reports a refused handshake."""
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         if self._curve is not None:
             self._curve.apply(dealer)
         refusals = dealer.get_monitor_socket(_REFUSED)
         dealer.connect(self.address)
-        poller.register(dealer.getsockopt(zmq.FD), zmq.POLLIN)
+        poller.register(dealer, zmq.POLLIN)
         poller.register(refusals, zmq.POLLIN)
-        with self._dealer_lock:
-            self._dealer = dealer
-        return refusals
+        return dealer, refusals
 
-    def _close_dealer(self, poller: zmq.Poller, refusals: zmq.Socket) -> None:
-        with self._dealer_lock:
-            dealer, self._dealer = self._dealer, None
-        assert dealer is not None
-        poller.unregister(dealer.getsockopt(zmq.FD))
-        poller.unregister(refusals)
+    @staticmethod
+    def _close_dealer(poller: zmq.Poller, dealer: zmq.Socket, refusals: zmq.Socket) -> None:
+        for sock in (dealer, refusals):
+            poller.unregister(sock)
         dealer.disable_monitor()
         refusals.close(0)
         dealer.close(0)
 
     def _io_loop(self) -> None:
         poller = zmq.Poller()
-        refusals = self._open_dealer(poller)
+        self._dealer, refusals = self._open_dealer(poller)
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
         if self._curve is not None:
@@ -346,16 +299,17 @@ class Transport:
                 for sock, _ in poller.poll(wait_ms):
                     if sock is self._outbox_in:
                         self._forward()
+                    elif sock is self._dealer:
+                        self._receive()
                     elif sock is refusals:
                         self._refuse(recv_monitor_message(refusals))
                         # A fresh socket: the refused one would send what it queued
                         # if a later handshake passed, after we reported it failed.
-                        self._close_dealer(poller, refusals)
-                        refusals = self._open_dealer(poller)
+                        self._close_dealer(poller, self._dealer, refusals)
+                        self._dealer, refusals = self._open_dealer(poller)
                         break
-                    elif sock is self._sub:
+                    else:
                         self._receive_signals()
-                    # else the DEALER's descriptor: read below, on every pass
                 # Always, not only while subscribed: a message being handled after an
                 # unsubscribe can still be acknowledged only by a live session.
                 now = time.monotonic()
@@ -363,27 +317,22 @@ class Transport:
                 wait_s = IO_POLL_MS / 1000 if due is None else min(IO_POLL_MS / 1000, due - now)
                 wait_ms = max(1, math.ceil(wait_s * 1000))
                 if now >= next_ping:
-                    self._ping()
+                    with contextlib.suppress(zmq.Again):  # never block the I/O thread
+                        self._dealer.send_multipart(
+                            wire.encode_request("ping", 0, batch=True), zmq.NOBLOCK
+                        )
                     next_ping = now + HEARTBEAT_S
                     self._expire(now)
-                # Last, after every send of this pass: a send may take the readiness of
-                # the descriptor the poll waits on (ZMQ_FD is edge triggered).
-                self._receive()
         finally:
-            self._close_dealer(poller, refusals)
+            self._close_dealer(poller, self._dealer, refusals)
             self._sub.close(0)
             self._outbox_in.close(0)
 
-    def _ping(self) -> None:
-        with self._dealer_lock, contextlib.suppress(zmq.Again):  # never block this thread
-            assert self._dealer is not None
-            send_parts(self._dealer, wire.encode_request("ping", 0, batch=True), NOBLOCK)
-
     def _send_now(self, requests: list[Request]) -> None:
         """Send requests whose replies nobody waits for (answers whose delay passed)
-        straight on the DEALER, without the caller's lock: a caller blocked on the full
-        queue to this thread may hold it. What callers queued before is forwarded first,
-        so an ack never overtakes its handler's reply or publish."""
+        straight on the DEALER, without the lock: a caller blocked on the full queue to
+        this thread may hold it. What callers queued before is forwarded first, so an
+        ack never overtakes its handler's reply or publish."""
         while self._forward() == wire.MAX_BATCH:
             pass
         rids = [next(self._rids) for _ in requests]  # no future: their replies are dropped
@@ -391,9 +340,7 @@ class Transport:
             wire.encode_request(op, rid, **self._acting, **fields)[1]
             for rid, (op, fields) in zip(rids, requests, strict=True)
         ]
-        with self._dealer_lock:
-            refused = self._send(rids, bodies)
-        self._refused_sends(*refused)
+        self._send(rids, bodies)
 
     def _expire(self, now: float) -> None:
         """Fail the requests whose deadline passed: no future waits forever, not even
@@ -429,7 +376,7 @@ class Transport:
         one reply frame back, for many publishes."""
         rids: list[int] = []
         bodies: list[bytes] = []
-        taken = queued = 0
+        taken = 0
         while taken < wire.MAX_BATCH:  # bounded: replies and pings get their turn
             try:
                 item = self._outbox_in.recv(zmq.NOBLOCK)  # one frame: a kind byte, its data
@@ -437,7 +384,6 @@ class Transport:
                 break
             taken += 1
             kind = item[:1]
-            queued += kind in (b"R", b"Q")
             if kind == b"R":  # a request: 8 bytes of rid, then the body
                 rid = int.from_bytes(item[1:9], "big")
                 if rid in self._futures:  # not failed already (refused, expired)
@@ -452,67 +398,44 @@ class Transport:
             elif kind == b"S":  # subscribe the signal socket to a prefix
                 self._sub.setsockopt(zmq.SUBSCRIBE, item[1:])
             # b"A": answers wait; the loop sets its next wake-up by their deadline
-            # b"W": a caller's send took the DEALER's readiness; the loop reads it
-        with self._dealer_lock:
-            refused = self._send(rids, bodies)
-            self._queued -= queued  # sent: a caller may send directly again
-        self._refused_sends(*refused)
+        self._send(rids, bodies)
         return taken
 
-    def _send(self, rids: list[int], bodies: list[bytes]) -> tuple[list[int], str]:
-        """Send request bodies, as batch frames when the broker takes them (under the
-        DEALER's lock); returns the rids the full queue to an unreachable broker refused,
-        and why, for `_refused_sends` once the lock is let go."""
-        refused: list[int] = []
-        error = ""
+    def _send(self, rids: list[int], bodies: list[bytes]) -> None:
+        """Send request bodies, as batch frames when the broker takes them. What the full
+        queue to an unreachable broker refuses fails its futures; what has none (signals
+        sent with wait=False: rid 0; answers) is dropped with a log line."""
         for part, body in wire.frames(bodies, self._batch_limit):
-            assert self._dealer is not None
             try:
                 send_parts(self._dealer, [wire.MAGIC, body], NOBLOCK)
             except zmq.ZMQError as exc:  # EAGAIN
                 error = f"broker at {self.address} unreachable: {exc}"
-                refused += rids[part.start : part.stop]
-        return refused, error
-
-    def _refused_sends(self, rids: list[int], error: str) -> None:
-        """Fail the futures of requests that could not be sent (not under the DEALER's
-        lock: a future's callbacks may send); what has none (signals sent with
-        wait=False: rid 0; answers) is dropped with a log line."""
-        dropped = 0
-        for rid in rids:
-            if rid in self._futures:
-                self._fail(rid, Unavailable(error))
-            else:
-                dropped += 1
-        if dropped:
-            log.warning(
-                "%d signals (wait=False) or acks dropped (acked messages stay held): %s",
-                dropped,
-                error,
-            )
+                dropped = 0
+                for rid in rids[part.start : part.stop]:
+                    if rid in self._futures:
+                        self._fail(rid, Unavailable(error))
+                    else:
+                        dropped += 1
+                if dropped:
+                    log.warning(
+                        "%d signals (wait=False) or acks dropped (acked messages stay held): %s",
+                        dropped,
+                        error,
+                    )
 
     def _receive(self) -> None:
-        """Read what the DEALER holds, a bounded number of messages at a time under its
-        lock, and take each outside it (a future's callbacks may send)."""
         while True:
-            arrived = []
-            with self._dealer_lock:
-                assert self._dealer is not None
-                for _ in range(100):
-                    try:
-                        arrived.append(self._dealer.recv_multipart(zmq.NOBLOCK))
-                    except zmq.Again:
-                        break
-            for frames in arrived:
-                try:
-                    items = wire.decode_incoming_all(frames)
-                except RelayError:
-                    log.warning("undecodable frames from the broker dropped")
-                    continue
-                for incoming in items:
-                    self._take(incoming)
-            if len(arrived) < 100:
+            try:
+                frames = self._dealer.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
                 return
+            try:
+                items = wire.decode_incoming_all(frames)
+            except RelayError:
+                log.warning("undecodable frames from the broker dropped")
+                continue
+            for incoming in items:
+                self._take(incoming)
 
     def _take(self, incoming: wire.Reply | wire.Push) -> None:
         if isinstance(incoming, wire.Push):

@@ -20,7 +20,7 @@ from sdk.errors import InvalidMessage, Unavailable
 from sdk.ids import new_id
 from sdk.subscription import Delivery, SubscriptionWorker
 from sdk.types import Envelope, Signal, SignalType, StandardPayload
-from tests.harness import depth, park_io_thread, wait_for
+from tests.harness import depth, wait_for
 from tests.test_types import make_envelope
 
 pytestmark = pytest.mark.integration
@@ -358,21 +358,6 @@ def test_closing_the_client_from_a_handler_answers_what_was_handled_before(broke
         lambda: pending_ids(watcher) == [ids[2]],
         what="the first two acked, the third pending",
     )
-
-
-def test_a_request_with_none_other_in_flight_leaves_without_the_io_thread(broker):
-    """A caller with few requests in flight sends on the DEALER itself (one thread
-    hand-off less, docs/performance.md): its publish is stored while the I/O thread,
-    which reads the reply, is held."""
-    client, watcher = broker.client(), broker.client()
-    watcher.register_endpoint(A)
-    release = park_io_thread(client)
-    try:
-        published = client.publish_async(A, 1, sender=SENDER)
-        wait_for(lambda: depth(watcher, A) == 1, what="the publish stored, the I/O thread held")
-    finally:
-        release.set()
-    assert published.result(10).delivered_to == 1
 
 
 def test_answers_leave_while_a_caller_holds_the_client_lock(broker):
