@@ -19,10 +19,9 @@ from typing import Any, Protocol
 from sdk import wire
 from sdk.errors import RelayError
 from sdk.subscription import Delivery, Handler, SubscriptionWorker, answer_of
+from sdk.transport import ReplyHook, Request
 
 log = logging.getLogger("relay.client")
-
-Request = tuple[str, dict[str, Any]]  # an operation and its fields
 
 
 class Connection(Protocol):
@@ -33,7 +32,7 @@ class Connection(Protocol):
         op: str,
         *,
         timeout: float | None = None,
-        on_reply: Callable[[Any], None] | None = None,
+        on_reply: ReplyHook | None = None,
         **fields: Any,
     ) -> Future: ...
 

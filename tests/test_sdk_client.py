@@ -234,7 +234,7 @@ def pending_ids(client) -> list[str]:
 
 
 class _Recorder:
-    """Stands in for the Client a subscription worker answers through: records order."""
+    """Stands in for the subscriptions a worker answers through: records order."""
 
     def __init__(self) -> None:
         self.events: list[str] = []
