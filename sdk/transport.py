@@ -256,7 +256,8 @@ class Transport:
             )
             self.session = hello.get("session", self.session)
         except RelayError as exc:
-            log.warning("could not resume the session with the broker: %s", exc)
+            if not self._closed:  # closing meanwhile ends the session anyway
+                log.warning("could not resume the session with the broker: %s", exc)
         finally:
             self._resuming.release()
 
