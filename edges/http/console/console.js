@@ -250,6 +250,9 @@ async function refreshDeadLetters() {
     reason.append(line(d.reason, "clamp"));
     reason.title = d.reason || "";
     const actions = row.insertCell();
+    // Requeue: the same message back in line (a dead letter of a registered endpoint);
+    // republish: a new message with a new id.
+    if (d.endpointSubject) actions.append(button("Requeue", "requeue", () => requeue(d)));
     actions.append(
       button("Republish", "republish", () => republish(d)),
       button("Purge endpoint", "purge danger", () => purge(d.endpoint, d.endpointSubject)),
@@ -290,6 +293,13 @@ function purge(endpoint, subject) {
   return operator(
     () => api("DELETE", `/api/dead-letters${query}`),
     (r) => `purged ${r.purged} dead letter(s)`,
+  );
+}
+
+function requeue(letter) {
+  return operator(
+    () => api("POST", `/api/dead-letters/${letter.id}/requeue`, { endpoint: letter.endpoint }),
+    (r) => `requeued ${r.requeued.map((c) => c.id).join(", ")} to ${letter.endpointSubject}`,
   );
 }
 
