@@ -379,6 +379,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
                     when(c["claimedAt"], precise=True),
                     when(c["finishedAt"], precise=True),
                     c["reason"],
+                    _requeued(c.get("requeues") or []),
                 )
                 for c in t["copies"]
             ],
@@ -393,11 +394,21 @@ def cmd_trace(args: argparse.Namespace) -> int:
                 "CLAIMED",
                 "FINISHED",
                 "REASON",
+                "REQUEUED",
             ),
         )
 
     emit(args, trace, human)
     return 0 if trace["copies"] else 1
+
+
+def _requeued(requeues: list[dict[str, Any]]) -> str:
+    """When a copy was last requeued from the dead letters, and how often if more than
+    once ("" for never)."""
+    if not requeues:
+        return ""
+    last = when(requeues[-1].get("requeuedAt"), precise=True)
+    return last if len(requeues) == 1 else f"{last} ({len(requeues)} times)"
 
 
 def cmd_signals(args: argparse.Namespace) -> int:

@@ -134,6 +134,8 @@ def test_relay_dlq_requeue_puts_a_dead_letter_back_from_the_command_line(broker:
     single = broker.relay("dlq", "requeue", one, "--endpoint", A)
     assert single.returncode == 0, single.stderr
     assert f"requeued 1 dead letter of {A}" in single.stdout
+    traced = broker.relay("trace", one)
+    assert traced.stdout.split("\n")[0].split()[-1] == "REQUEUED", traced.stdout
     every = broker.relay("dlq", "requeue", "--all", "--endpoint", A, "--limit", "1", "--json")
     assert every.returncode == 0, every.stderr
     page = json.loads(every.stdout)
