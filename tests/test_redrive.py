@@ -5,13 +5,16 @@ refused stays a dead letter (docs/operations.md, "Requeueing dead letters")."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 import pytest
 
-from sdk.errors import InvalidState, MessageNotFound, TtlExpired
+from sdk.errors import InvalidState, MessageNotFound, TtlExpired, Unavailable
+from sdk.paths import shard_of
 from sdk.types import default_budget
 from tests.harness import Broker, wait_for
+from workers import faults
 
 pytestmark = pytest.mark.integration
 
@@ -150,3 +153,41 @@ def test_relay_dlq_requeue_puts_a_dead_letter_back_from_the_command_line(broker:
     assert client.dead_letters(info.hash) == []
     missing = broker.relay("dlq", "requeue", one)
     assert missing.returncode != 0 and "message_not_found" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("fault", "state"),
+    [(faults.REDRIVE_AFTER_NEW_WRITTEN, "failed"), (faults.REDRIVE_AFTER_UNLINK, "new")],
+    ids=["in-new-and-failed", "in-new-only"],
+)
+def test_a_writer_killed_while_requeueing_leaves_one_copy_handed_out_once(
+    broker: Broker, fault: str, state: str
+):
+    # Given a dead letter, and its shard's writer armed to die in the middle of a requeue
+    client = broker.client(timeout=30)
+    info = client.register_endpoint(A)
+    (message_id,) = nacked(client, A)
+    writer = f"writer{shard_of(info.hash, broker.shards)}"
+    broker.kill(writer, signal.SIGTERM)
+    broker.start_writer(int(writer[-1]), env={"RELAY_FAULT": fault})
+    broker.wait_ready()
+
+    # When the requeue kills it (the request is answered unavailable) and it restarts
+    with pytest.raises(Unavailable):
+        client.requeue_dead_letters(message_id=message_id)
+    assert broker.procs[writer].wait(10) == -signal.SIGKILL
+    broker.start_writer(int(writer[-1]))
+    broker.wait_ready()
+
+    # Then one copy is left: the dead letter when new/ and failed/ both held it (the
+    # requeue undone), else the waiting message; the index agrees with the disk
+    assert [c["state"] for c in client.trace(message_id)["copies"]] == [state]
+    if state == "failed":
+        client.requeue_dead_letters(message_id=message_id)  # the request, made again
+    # and a consumer gets it once
+    (message,) = client.fetch(A, batch=10, wait=5)
+    assert message.id == message_id
+    message.ack()
+    assert client.fetch(A, batch=10) == []
+    assert client.dead_letters(info.hash) == []
+    assert client.trace(message_id)["copies"][0]["state"] == "done"
