@@ -461,6 +461,8 @@ def test_a_schema_validating_client_accepts_every_documented_answer(gw: RunningG
     http.get("/api/config")
     http.patch("/api/config", json={"rateLimit": {"maxPerWindow": 250}})
     http.get("/api/status")
+    assert http.post(f"/api/dead-letters/{first}/requeue", json={}).is_success
+    assert http.post("/api/dead-letters/requeue", params={"endpoint": DEMO}).is_success
     http.delete("/api/dead-letters")
     http.delete(f"/api/endpoints/{DEMO}")
 
