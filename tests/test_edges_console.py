@@ -159,6 +159,11 @@ def test_console_requeues_a_dead_letter_to_a_consumer_under_its_own_id(
 
     expect(page.locator("#notice")).to_have_text(f"requeued {message_id} to {DEMO}")
     expect(letter).to_have_count(0, timeout=10_000)
+    page.locator("#trace-id").fill(message_id)
+    page.locator("#trace-form button").click()
+    trace = page.locator(f'#trace table[data-id="{message_id}"]')
+    expect(trace.locator(".copy-state")).to_have_text("new", timeout=10_000)
+    expect(trace.locator(".requeued")).to_contain_text("after nack: the handler had a bug")
     page.screenshot(path=str(shots / "console-requeued.png"), full_page=True)
     (again,) = client.fetch(DEMO, wait=5)
     assert again.id == message_id and again.deliveries == 1

@@ -173,7 +173,12 @@ async function showTrace(id) {
       cell(row, time(c.storedAt), "time");
       cell(row, time(c.claimedAt), "time");
       cell(row, time(c.finishedAt), "time");
-      cell(row, c.reason);
+      const reason = cell(row, c.reason);
+      // The dead letters it was requeued from (an operator's requeue), oldest first.
+      for (const r of c.requeues || []) {
+        const text = `requeued ${time(r.requeuedAt)} after ${r.code}: ${r.reason}`;
+        reason.append(line(text, "meta requeued"));
+      }
     }
     const title = document.createElement("p");
     title.innerHTML = 'Message <code></code> <span class="meta"></span>';
