@@ -54,6 +54,8 @@ def test_a_nacked_message_requeued_is_handed_out_again_under_its_own_id(broker: 
     assert copy["state"] == "new" and copy["deliveries"] == 0
     assert [(r["code"], r["reason"]) for r in copy["requeues"]] == [("nack", "cannot parse this")]
     assert copy["requeues"][0]["requeuedAt"] >= copy["requeues"][0]["failedAt"]
+    client.rebuild_index()  # the index row is the one the Maildir gives
+    assert client.trace(message_id)["copies"] == [copy]
     # and a consumer gets it under its own id, with its payload, handed out once
     (message,) = client.fetch(A, wait=5)
     assert message.id == message_id and message.deliveries == 1

@@ -57,8 +57,8 @@ requeue (an operator's, or a claim nobody received): one rename back
     ``cur/<id>,C=<c>:2,`` -> ``new/<id>``, fsync new/ and cur/ [maildir.requeue.after_rename]
     Atomic; a power cut before the fsyncs may leave it claimed, as if never requeued.
 
-The dead letters (fail, quarantine, redrive, purge_failed), the group commit (deliver_batch) and
-recovery at start (recover, sweep_tmp) state theirs the same way in
+The dead letters (fail, quarantine, redrive, purge_failed), the group commit
+(deliver_batch) and recovery at start (recover, sweep_tmp) state theirs the same way in
 workers/dead_letters.py, workers/group_commit.py and workers/recovery.py; the file names
 are workers/filenames.py, the low-level I/O workers/fsio.py, the scan back into index
 rows workers/scan.py.

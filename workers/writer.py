@@ -440,12 +440,12 @@ class Writer:
                 mailbox = self._mailbox(endpoint)
                 self._own_renames.add(key)  # the rename into new/ is ours, not a drop-in
                 mailbox.redrive(message_id, now)
-                record = read_record(mailbox, "new", message_id)
             except (RelayError, OSError) as exc:
                 self._own_renames.discard(key)
                 error = exc if isinstance(exc, RelayError) else StorageError(str(exc))
                 refused.append({"id": message_id, "endpoint": endpoint, **error.to_wire()})
                 continue
+            record = read_record(mailbox, "new", message_id)
             if record is not None:
                 changes.inserts.append(record)
             requeued.append([message_id, endpoint])
