@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", nargs="?", default="list", choices=["list", "requeue", "purge"])
     p.add_argument("id", nargs="?", help="requeue: the message whose dead letter goes back")
     p.add_argument("--endpoint", help="endpoint subject or hash")
-    p.add_argument("--limit", type=int, default=100, help="list; requeue --all: at most 1000")
+    p.add_argument("--limit", type=int, default=100, help="list; requeue --all: at most 200")
     p.add_argument("--all", action="store_true", help="requeue: the endpoint's, oldest first")
     p.add_argument("--after", metavar="ID", help="requeue --all: go on after this id")
     p = command("pending", cmd_pending, "claimed, unacknowledged messages of an endpoint")

@@ -570,7 +570,7 @@ class Client(ClientPlumbing):
         to be handed out again (deliveries counted afresh). ``message_id``: that
         message's (in ``endpoint_hash`` if given; refused with the error, e.g.
         ``TtlExpired``, when its one dead letter may not be requeued); else up to
-        ``limit`` (at most 1000) of one endpoint's, oldest first, after the id ``after``.
+        ``limit`` (at most 200) of one endpoint's, oldest first, after the id ``after``.
         Returns ``{"requeued": [{id, endpoint}], "refused": [{id, endpoint, code,
         message}], "more": bool, "after": id or None}``: with ``more``, pass ``after``
         to go on (docs/protocol.md, "requeue_dead_letters")."""

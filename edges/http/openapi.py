@@ -195,7 +195,7 @@ OPERATIONS: list[tuple[str, str, str, list[dict], dict | None, int | tuple[int, 
         "Operators: requeue an endpoint's dead letters, oldest first, a bounded page",
         [
             _param("endpoint", "query", "endpoint hash or subject (required)"),
-            _param("limit", "query", "1-1000, default 100", {"type": "integer"}),
+            _param("limit", "query", "1-200, default 100", {"type": "integer"}),
             _param("after", "query", "go on after this message id", _ID),
         ],
         None,

@@ -280,7 +280,7 @@ async def requeue_dead_letters(request: Request) -> Response:
     after = query.get("after")
     answer = await session.client.requeue_dead_letters(
         endpoint,
-        limit=int(query_number(request, "limit", 100, 1, 1000)),
+        limit=int(query_number(request, "limit", 100, 1, 200)),  # broker/redrive.py
         after=check_id(after, "after") if after else None,
     )
     return JSONResponse(answer)
