@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from broker.router.jobs import WriterJobs
 from sdk.errors import InvalidState, MessageNotFound, TtlExpired, Unavailable
 from sdk.paths import shard_of
 from sdk.types import default_budget
@@ -193,3 +194,28 @@ def test_a_writer_killed_while_requeueing_leaves_one_copy_handed_out_once(
     assert client.fetch(A, batch=10) == []
     assert client.dead_letters(info.hash) == []
     assert client.trace(message_id)["copies"][0]["state"] == "done"
+
+
+def test_writers_answers_after_an_operations_deadline_still_reach_its_on_reply():
+    """A requeue answered unavailable at its deadline while its writers went on: each
+    late answer still puts its messages in line (broker/router/jobs.py, `late_reply`),
+    until the writer that owes one goes away."""
+    jobs = WriterJobs()
+    seen: list[str] = []
+    token, job = jobs.open(b"client", 1, 2, lambda job: None, now=0)
+    job.on_reply, job.shards = seen.append, {0, 1}
+
+    jobs.outlive(token, job)  # the sweep, at the deadline
+    jobs.forget(token)
+
+    for answer in ("shard 0", "shard 1"):
+        on_reply = jobs.late_reply(token)
+        assert on_reply is not None
+        on_reply(answer)
+    assert seen == ["shard 0", "shard 1"] and jobs.late_reply(token) is None
+    other, job = jobs.open(b"client", 2, 1, lambda job: None, now=0)
+    job.on_reply, job.shards = seen.append, {1}
+    jobs.outlive(other, job)
+    jobs.forget(other)
+    jobs.writer_gone(1)  # its new/ is read again at its hello instead
+    assert jobs.late_reply(other) is None

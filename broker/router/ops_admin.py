@@ -122,12 +122,16 @@ def requeue_dead_letters(ctx: Context, session: Session, req: RequeueDeadLetters
         by_shard.setdefault(shard_of(record.endpoint, ctx.shards), []).append(item)
     after = letters[-1].id if more else None
 
+    def in_line(result: dict[str, Any]) -> None:
+        """Each writer's requeued messages into their queues, by id: on its answer,
+        even one that comes after the request was answered at its deadline."""
+        for message_id, endpoint in result["requeued"]:
+            ctx.ledger.requeued(message_id, endpoint)
+
     def answer(job: Job | None) -> dict[str, Any]:
         requeued: list[dict[str, str]] = []
         for result in job.results if job is not None else ():
-            for message_id, endpoint in result["requeued"]:
-                ctx.ledger.requeued(message_id, endpoint)
-                requeued.append({"id": message_id, "endpoint": endpoint})
+            requeued += [{"id": i, "endpoint": e} for i, e in result["requeued"]]
             refused.extend(result["refused"])
         if req.id is not None and not requeued and len(refused) == 1:
             raise from_code(refused[0]["code"], refused[0]["message"])
@@ -137,7 +141,7 @@ def requeue_dead_letters(ctx: Context, session: Session, req: RequeueDeadLetters
     if not by_shard:
         return answer(None)
     args = {shard: {"items": items} for shard, items in by_shard.items()}
-    return WriterWork("redrive", args, answer)
+    return WriterWork("redrive", args, answer, on_reply=in_line)
 
 
 def _dead_letters_asked(ctx: Context, req: RequeueDeadLetters) -> tuple[list[MessageRecord], bool]:
