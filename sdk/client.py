@@ -441,6 +441,28 @@ class Client:
             fields["id"] = message_id
         return self._call("dead_letters", **fields)["items"]
 
+    def requeue_dead_letters(
+        self,
+        endpoint_hash: str | None = None,
+        *,
+        message_id: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> dict[str, Any]:
+        """Operators: put dead letters back in their endpoints' new/ under their own ids,
+        to be handed out again (deliveries counted afresh). ``message_id``: that
+        message's (in ``endpoint_hash`` if given; refused with the error, e.g.
+        ``TtlExpired``, when its one dead letter may not be requeued); else up to
+        ``limit`` (at most 200) of one endpoint's, oldest first, after the id ``after``.
+        Returns ``{"requeued": [{id, endpoint}], "refused": [{id, endpoint, code,
+        message}], "more": bool, "after": id or None}``: with ``more``, pass ``after``
+        to go on (docs/protocol.md, "requeue_dead_letters")."""
+        fields: dict[str, Any] = {"limit": limit}
+        for name, value in (("endpoint", endpoint_hash), ("id", message_id), ("after", after)):
+            if value is not None:
+                fields[name] = value
+        return self._call("requeue_dead_letters", **fields)
+
     def purge_dead_letters(self, endpoint_hash: str | None = None) -> int:
         fields: dict[str, Any] = {} if endpoint_hash is None else {"endpoint": endpoint_hash}
         return self._call("purge_dead_letters", **fields)["purged"]
