@@ -65,6 +65,11 @@ class Reliability:
             section["enabled"],
         )
 
+    def pressure_ratio(self, depth: int) -> float:
+        """``pressure_of(depth).ratio``, without the rest (every publish's answer)."""
+        maximum = self.config["backpressure"]["maxMailboxSize"]
+        return 1.0 if maximum <= 0 else min(1.0, depth / maximum)
+
     def gate(
         self, endpoint: str, endpoint_subject: str, sender: str, depth: int, now: int
     ) -> tuple[Refusal | None, bool, list[tuple[str, Signal]]]:
