@@ -30,8 +30,16 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
-from bench.bench_broker import _interleave, _pct, base_dir, spread_subjects
-from bench.common import Row, rate, remove_when_done, stop_broker
+from bench.common import (
+    Row,
+    base_dir,
+    interleave_figures,
+    percentile,
+    rate,
+    remove_when_done,
+    stop_broker,
+)
+from bench.workload import spread_subjects
 from sdk.types import Envelope
 
 SUBJECT = "relay.agent.httpbench"
@@ -195,7 +203,7 @@ class HttpBench:
         if len(seen) < LATENCY_N:
             raise RuntimeError(f"only {len(seen)} of {LATENCY_N} messages arrived")
         us = [x * 1e6 for x in seen]
-        return {"p50": statistics.median(us), "p99": _pct(us, 99)}
+        return {"p50": statistics.median(us), "p99": percentile(us, 99)}
 
     def sse_latency(self, mode: str) -> dict[str, float]:
         subject = self.observed if mode == "observe" else self.consumed
@@ -237,7 +245,7 @@ def rows(rounds: int = 3) -> list[Row]:
     bench: HttpBench | None = None
     try:
         bench = HttpBench(base)
-        m = _interleave(
+        m = interleave_figures(
             rounds,
             {
                 "http_publish": bench.http_publish,

@@ -12,10 +12,10 @@ has one file-storage stream over ``bench.>``; nats-py (asyncio) measures:
   once, so messages a slow subscriber lost are counted), beside Relay's signals sent
   with 100 requests in flight and with ``signal(wait=False)``.
 
-Relay: ``bench.bench_broker.RelayBroker`` with 2 shards, durable publish with 1 and 100
-in flight, signals to ``on_signal`` (both ways above). Every figure is the median of
-``rounds`` rounds with all contenders once per round (Relay, JetStream sync-always,
-JetStream default, ...).
+Relay: ``bench.relay_broker.RelayBroker`` with 2 shards, durable publish with 1 and 100
+in flight, and ``bench.relay_signals``: signals to ``on_signal`` (both ways above). Every
+figure is the median of ``rounds`` rounds with all contenders once per round (Relay,
+JetStream sync-always, JetStream default, ...).
 The payload published to JetStream is the message file Relay writes for the same publish.
 """
 
@@ -33,19 +33,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.bench_broker import (
-    INFLIGHT,
-    PIPELINED_N,
-    SINGLE_N,
-    RelayBroker,
-    _envelope,
-    _interleave,
-    _pct,
-    _signal_wire,
+from bench.common import (
+    Figures,
+    Row,
     base_dir,
+    fs_type,
+    interleave_figures,
+    p50_p99,
+    rate,
+    remove_when_done,
 )
-from bench.bench_storage import fs_type
-from bench.common import Row, rate, remove_when_done
+from bench.relay_broker import RelayBroker
+from bench.relay_signals import RelaySignals
+from bench.workload import INFLIGHT, PIPELINED_N, SINGLE_N, envelope, signal_wire
 
 SHARDS = 2
 STREAM = "BENCH"
@@ -102,8 +102,8 @@ class NatsServer:
         except BaseException:
             self.close()
             raise
-        self.payload = _envelope(0)
-        self.signal = json.dumps(_signal_wire(0)).encode()  # a Relay signal's size
+        self.payload = envelope(0)
+        self.signal = json.dumps(signal_wire(0)).encode()  # a Relay signal's size
         self.single(WARMUP)
         self.pipelined(WARMUP)
 
@@ -138,10 +138,10 @@ class NatsServer:
 
     # ------------------------------------------------------------------ contenders
 
-    def single(self, count: int = SINGLE_N) -> dict[str, float]:
+    def single(self, count: int = SINGLE_N) -> Figures:
         return self.loop.run_until_complete(self._single(count))
 
-    async def _single(self, count: int) -> dict[str, float]:
+    async def _single(self, count: int) -> Figures:
         publish, payload, subject = self.js.publish, self.payload, f"{STREAM_SUBJECT}.single"
         latencies = []
         start = time.perf_counter()
@@ -150,16 +150,12 @@ class NatsServer:
             await publish(subject, payload)  # raises unless the stream acked it
             latencies.append((time.perf_counter_ns() - t0) / 1000)
         elapsed = time.perf_counter() - start
-        return {
-            "rate": rate(count, elapsed),
-            "p50": _pct(latencies, 50),
-            "p99": _pct(latencies, 99),
-        }
+        return {"rate": rate(count, elapsed), **p50_p99(latencies)}
 
-    def pipelined(self, count: int = PIPELINED_N) -> dict[str, float]:
+    def pipelined(self, count: int = PIPELINED_N) -> Figures:
         return self.loop.run_until_complete(self._pipelined(count))
 
-    async def _pipelined(self, count: int) -> dict[str, float]:
+    async def _pipelined(self, count: int) -> Figures:
         publish, payload, subject = self.js.publish_async, self.payload, f"{STREAM_SUBJECT}.pipe"
         start = time.perf_counter()
         # publish_async waits while INFLIGHT acks are pending (publish_async_max_pending).
@@ -170,10 +166,10 @@ class NatsServer:
             raise RuntimeError("JetStream publish not acked by the stream")
         return {"rate": rate(count, elapsed)}
 
-    def core_pubsub(self) -> dict[str, float]:
+    def core_pubsub(self) -> Figures:
         return self.loop.run_until_complete(self._core_pubsub())
 
-    async def _core_pubsub(self) -> dict[str, float]:
+    async def _core_pubsub(self) -> Figures:
         times: list[float] = []
         done = asyncio.get_running_loop().create_future()
 
@@ -237,18 +233,19 @@ def rows(rounds: int = 3) -> list[Row]:
         servers["always"] = NatsServer(base, "nats-always", True, loop)
         servers["default"] = NatsServer(base, "nats-default", False, loop)
         relay = RelayBroker(SHARDS, base / "relay-home")
-        contenders: dict[str, Callable[[], dict[str, float]]] = {
+        signals = RelaySignals(relay)
+        contenders: dict[str, Callable[[], Figures]] = {
             "relay_single": relay.publish_single,
             "js_always_single": servers["always"].single,
             "js_default_single": servers["default"].single,
             "relay_pipelined": relay.publish_pipelined,
             "js_always_pipelined": servers["always"].pipelined,
             "js_default_pipelined": servers["default"].pipelined,
-            "relay_signals": relay.signals_pipelined,
-            "relay_signals_no_reply": relay.signals_no_reply,
+            "relay_signals": signals.pipelined,
+            "relay_signals_no_reply": signals.no_reply,
             "nats_core": servers["default"].core_pubsub,
         }
-        m = _interleave(rounds, contenders)
+        m = interleave_figures(rounds, contenders)
     finally:
         if relay is not None:
             relay.cleanup()

@@ -32,8 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from bench.bench_storage import fs_type
-from bench.common import Row, rate, remove_when_done
+from bench.common import Row, fs_type, rate, remove_when_done
 from ops.archive import MESSAGE_COLUMNS
 from ops.live import FILE_SCHEMA, rows_table
 from sdk.paths import Home, shard_of
@@ -135,17 +134,17 @@ def make_store(root: Path, n: int) -> tuple[Home, list[tuple]]:
         if failed:
             path = f"{boxes[e].failed_dir}/{mid}"
             row = (mid, hashes[e], subject, sender, "failed", created, stored, None, finished)
-            row += (reason, code, len(data), text)
+            row += (reason, code, len(data), None, 0, text)  # no parent; dead, not handed out
         else:
             path = f"{boxes[e].cur_dir}/{mid},C={claimed},D={finished}:2,S"
             row = (mid, hashes[e], subject, sender, "done", created, stored, claimed, finished)
-            row += (None, None, len(data), text)
+            row += (None, None, len(data), None, 1, text)  # no parent; handed out once
         fd = os.open(path, _OPEN_NEW, 0o600)
         os.write(fd, data)
         os.close(fd)
         rows.append(row)
     for shard in range(SHARDS):
-        owned = [r[:12] for r in rows if shard_of(r[1], SHARDS) == shard]
+        owned = [r[:-1] for r in rows if shard_of(r[1], SHARDS) == shard]
         with MessageIndex(home.index_db(shard)) as index:
             index.rebuild_rows(owned)
     os.sync()  # the files on disk, so that writeback does not land inside a figure
@@ -327,7 +326,8 @@ def pyarrow_metrics_floor(archive: Path) -> tuple[float, dict]:
         format="parquet",
         partitioning=ds.partitioning(pa.schema([("day", pa.string())]), flavor="hive"),
     )
-    t = dataset.to_table(columns=list(COLUMNS))
+    # The index columns the archive keeps (it has no parent_id or deliveries).
+    t = dataset.to_table(columns=[c for c in COLUMNS if c in MESSAGE_COLUMNS])
     out: dict = {"copies": t.num_rows, "messages": pc.count_distinct(t["id"]).as_py()}
     out["bytes"] = pc.sum(t["size"]).as_py()
     out["byState"] = t.group_by("state").aggregate([("id", "count")]).to_pylist()

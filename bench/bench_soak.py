@@ -22,8 +22,8 @@ import threading
 import time
 from typing import Any
 
-from bench.bench_broker import PAYLOAD, SENDER, SUBJECT, base_dir, spread_subjects
-from bench.common import Row, rate, remove_when_done, rss_mib, stop_broker
+from bench.common import Row, base_dir, rate, remove_when_done, rss_mib, stop_broker
+from bench.workload import PAYLOAD, SENDER, SUBJECT, spread_subjects
 
 SHARDS = 2
 ENDPOINTS = 4

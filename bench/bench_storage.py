@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.common import Row, interleave, rate, remove_when_done
+from bench.common import Row, fs_type, fsync_dir, interleave, rate, remove_when_done
 from sdk.ids import new_id
 from workers.group_commit import deliver_batch
 from workers.index import MessageIndex, rebuild_from_maildir
@@ -52,22 +52,6 @@ def bench_dir() -> Path:
     if fs_type(base) in ("tmpfs", "ramfs"):
         raise SystemExit(f"{base} is {fs_type(base)}: fsync costs nothing there")
     return Path(tempfile.mkdtemp(prefix="relay-bench-storage-", dir=base))
-
-
-def fs_type(path: str) -> str:
-    """The filesystem type of the mount holding ``path`` (from /proc/mounts)."""
-    path = os.path.realpath(path)
-    best, kind = "", "unknown"
-    try:
-        with open("/proc/mounts") as mounts:
-            for line in mounts:
-                _, mount_point, fstype, *_ = line.split()
-                inside = path == mount_point or path.startswith(mount_point.rstrip("/") + "/")
-                if inside and len(mount_point) >= len(best):
-                    best, kind = mount_point, fstype
-    except OSError:
-        pass
-    return kind
 
 
 def envelope(message_id: str, n: int) -> bytes:
@@ -119,14 +103,6 @@ def _messages(count: int) -> list[tuple[str, bytes]]:
     return out
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # --------------------------------------------------------------------------- maildir
 
 
@@ -154,7 +130,7 @@ def maildir_contenders(rounds: _Rounds) -> dict[str, Callable[[], float]]:
             os.fsync(fd)
             os.close(fd)
             os.rename(tmp, f"{box.new_dir}/{message_id}")
-            _fsync_dir(box.new_dir)
+            fsync_dir(box.new_dir)
         return rate(DELIVERIES, time.perf_counter() - start)
 
     def bare_batched() -> float:
@@ -173,7 +149,7 @@ def maildir_contenders(rounds: _Rounds) -> dict[str, Callable[[], float]]:
                 box = boxes[n % MAILBOXES]
                 os.rename(f"{box.tmp_dir}/{message_id}", f"{box.new_dir}/{message_id}")
             for box in boxes:
-                _fsync_dir(box.new_dir)
+                fsync_dir(box.new_dir)
         return rate(DELIVERIES, time.perf_counter() - start)
 
     return {"relay": relay, "one_at_a_time": one_at_a_time, "bare_batched": bare_batched}

@@ -1,4 +1,5 @@
-"""Shared pieces of the benchmark harness: interleaved rounds, medians, table rows.
+"""Shared pieces of the benchmark harness: interleaved rounds, medians, percentiles,
+table rows, a real disk to measure on, and the per-process figures read from /proc.
 
 These machines are noisy, so every figure is the median of several rounds, and the
 rounds of a Relay figure and of its ceiling alternate (A B A B ...) so that a slow
@@ -11,8 +12,13 @@ import atexit
 import os
 import shutil
 import statistics
+import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# Figures of one contender's round, by name ("rate", "p50", "router_cpu", ...).
+Figures = dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,68 @@ def interleave(rounds: int, **contenders: Callable[[], float]) -> dict[str, floa
         for name, run_once in contenders.items():
             results[name].append(run_once())
     return {name: statistics.median(values) for name, values in results.items()}
+
+
+def interleave_figures(
+    rounds: int, contenders: dict[str, Callable[[], Figures]]
+) -> dict[str, Figures]:
+    """Each contender once per round, in order; the median of each of its figures."""
+    seen: dict[str, dict[str, list[float]]] = {name: {} for name in contenders}
+    for _ in range(rounds):
+        for name, run_once in contenders.items():
+            for key, value in run_once().items():
+                seen[name].setdefault(key, []).append(value)
+    return {
+        name: {key: statistics.median(values) for key, values in figures.items()}
+        for name, figures in seen.items()
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile, q in 0..100."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+def p50_p99(latencies: list[float]) -> Figures:
+    """The median and the 99th percentile of a run's latencies."""
+    return {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99)}
+
+
+def fs_type(path: str) -> str:
+    """The filesystem type of the mount holding ``path`` (from /proc/mounts)."""
+    path = os.path.realpath(path)
+    best, kind = "", "unknown"
+    try:
+        with open("/proc/mounts") as mounts:
+            for line in mounts:
+                _, mount_point, fstype, *_ = line.split()
+                inside = path == mount_point or path.startswith(mount_point.rstrip("/") + "/")
+                if inside and len(mount_point) >= len(best):
+                    best, kind = mount_point, fstype
+    except OSError:
+        pass
+    return kind
+
+
+def fsync_dir(path: str) -> None:
+    """Flush a directory: what makes a rename into it durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def base_dir() -> Path:
+    """A fresh directory on a real disk: under /tmp unless /tmp is tmpfs."""
+    parent = "/tmp"
+    if fs_type(parent) in ("tmpfs", "ramfs"):
+        parent = str(Path(__file__).parent / "results" / "tmp")
+        os.makedirs(parent, exist_ok=True)
+    if fs_type(parent) in ("tmpfs", "ramfs"):
+        raise SystemExit(f"{parent} is {fs_type(parent)}: fsync costs nothing there")
+    return Path(tempfile.mkdtemp(prefix="relay-bench-", dir=parent))
 
 
 def remove_when_done(path: str | os.PathLike[str]) -> None:

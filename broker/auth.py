@@ -16,9 +16,11 @@ The policy comes from ``auth.json`` in the data directory::
                                     "admin": false}}
     }
 
-A key's entry may also hold ``"tokens": ["sha256:<64 hex>"]``, the hashes of HTTP bearer
-tokens that the gateway (edges/http) honours by connecting with that key; the router
-itself only checks their shape.
+A key's entry may also hold ``"tokens"``: the hashes of bearer tokens
+(``"sha256:<64 hex>"``, or ``{"hash": "sha256:<64 hex>", "expires": "<ISO 8601 UTC>"}``)
+that the edges (edges/tokens.py: HTTP gateway, MCP over HTTP) verify before acting for
+that identity. An entry with ``"delegate": true`` may act for other identities, naming
+on each request the one it acts for (broker/delegation.py, docs/security.md).
 
 ``consumes`` (default: the ``senders`` patterns) bounds the endpoints whose messages an
 identity may receive: subscribe to (consume or observe), list as pending, read as dead
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
@@ -40,6 +43,17 @@ from sdk.subjects import covers, inbox_sender, matches, validate
 
 AUTH_FILE = "auth.json"
 Z85_KEY_LENGTH = 40  # a 32-byte CURVE key in Z85 text
+
+
+@dataclass(frozen=True, slots=True)
+class TokenGrant:
+    """A bearer token of an identity, as auth.json keeps it: its hash, never itself."""
+
+    digest: str  # "sha256:<64 hex>"
+    expires_ms: int | None = None  # unix ms; None: until removed
+
+    def valid_at(self, now_ms: int) -> bool:
+        return self.expires_ms is None or now_ms < self.expires_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +66,13 @@ class Identity:
     # a federation bridge (docs/federation.md): origin node -> the sender patterns that
     # node may relay; None: only the unrestricted operator (the owner) may relay
     relays: Mapping[str, tuple[str, ...]] | None = field(default=None, hash=False)
+    # may act for other identities (auth.json "delegate"): broker/delegation.py
+    delegate: bool = False
+    tokens: tuple[TokenGrant, ...] = ()  # its bearer tokens (keys only)
+
+    def has_token_at(self, now_ms: int) -> bool:
+        """Whether one of its tokens is still good: only then may a delegate act for it."""
+        return any(t.valid_at(now_ms) for t in self.tokens)
 
     @property
     def unrestricted(self) -> bool:
@@ -90,7 +111,9 @@ class Identity:
 
 
 def owner_identity() -> Identity:
-    return Identity("owner", (">",), admin=True)
+    # Delegation gives the owner nothing it has not got: acting for a narrower identity
+    # only narrows. It is what lets `relay http` and `relay mcp` serve tokens on ipc://.
+    return Identity("owner", (">",), admin=True, delegate=True)
 
 
 def uid_user(uid: int) -> str:
@@ -180,39 +203,79 @@ def _identity(entry: Any, path: str, *, tokens: bool = False) -> Identity:
         "consumes",
         "admin",
         "relays",
+        "delegate",
         *(["tokens"] if tokens else []),
     }
     if unknown:
         raise InvalidConfig(f"{AUTH_FILE}: {path}: unknown field(s) {sorted(unknown)}")
     name = entry.get("name", path)
-    admin = entry.get("admin", False)
     if not isinstance(name, str):
         raise InvalidConfig(f"{AUTH_FILE}: {path}.name must be a string")
-    if not isinstance(admin, bool):
-        raise InvalidConfig(f"{AUTH_FILE}: {path}.admin must be true or false")
+    admin, delegate = _flag(entry, "admin", path), _flag(entry, "delegate", path)
     senders = _patterns(entry.get("senders"), f"{path}.senders")
     consumes = entry.get("consumes")
     if consumes is not None:
         consumes = _patterns(consumes, f"{path}.consumes")
-    if "tokens" in entry:
-        _token_hashes(entry["tokens"], f"{path}.tokens")
+    grants = _token_grants(entry["tokens"], f"{path}.tokens") if "tokens" in entry else ()
     relays = entry.get("relays")
     if relays is not None:
         relays = {
             node: _patterns(patterns, f"{path}.relays.{node}")
             for node, patterns in _object(relays, f"{path}.relays").items()
         }
-    return Identity(name, senders, admin, consumes, relays and MappingProxyType(relays))
+    return Identity(
+        name, senders, admin, consumes, relays and MappingProxyType(relays), delegate, grants
+    )
 
 
-def _token_hashes(value: Any, path: str) -> None:
-    """HTTP bearer tokens are kept as ``sha256:<64 lower-case hex>`` (edges/http)."""
-    hexdigits = set("0123456789abcdef")
-    if not isinstance(value, list) or not all(
-        isinstance(t, str) and t.startswith("sha256:") and len(t) == 71 and set(t[7:]) <= hexdigits
-        for t in value
-    ):
-        raise InvalidConfig(f"{AUTH_FILE}: {path} must be a list of 'sha256:<64 hex>' strings")
+def _flag(entry: dict[str, Any], name: str, path: str) -> bool:
+    value = entry.get(name, False)
+    if not isinstance(value, bool):
+        raise InvalidConfig(f"{AUTH_FILE}: {path}.{name} must be true or false")
+    return value
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _token_grants(value: Any, path: str) -> tuple[TokenGrant, ...]:
+    """Bearer tokens are kept as ``sha256:<64 lower-case hex>``, or as ``{"hash": that,
+    "expires": "<ISO 8601 with its zone>"}`` for one that expires (edges/tokens.py)."""
+    shape = (
+        f"{AUTH_FILE}: {path} must be a list of 'sha256:<64 hex>' strings or "
+        "{'hash': 'sha256:<64 hex>', 'expires': '<ISO 8601 time with zone>'} objects"
+    )
+    if not isinstance(value, list):
+        raise InvalidConfig(shape)
+    grants = []
+    for item in value:
+        digest, expires = (item, None) if isinstance(item, str) else _expiring(item, shape)
+        if not (
+            isinstance(digest, str)
+            and digest.startswith("sha256:")
+            and len(digest) == 71
+            and set(digest[7:]) <= _HEX
+        ):
+            raise InvalidConfig(shape)
+        grants.append(TokenGrant(digest, expires))
+    return tuple(grants)
+
+
+def _expiring(item: Any, shape: str) -> tuple[Any, int]:
+    if not isinstance(item, dict) or set(item) != {"hash", "expires"}:
+        raise InvalidConfig(shape)
+    return item["hash"], expiry_ms(item["expires"], shape)
+
+
+def expiry_ms(text: Any, problem: str = "an expiry") -> int:
+    """An ISO 8601 time with its zone (``2026-12-27T05:00:00Z``) as unix ms."""
+    try:
+        when = datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        raise InvalidConfig(problem) from None
+    if when.tzinfo is None:  # a local time would mean another instant on another host
+        raise InvalidConfig(problem)
+    return int(when.timestamp() * 1000)
 
 
 def _patterns(value: Any, path: str) -> tuple[str, ...]:

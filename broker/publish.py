@@ -88,6 +88,7 @@ class PublishRequest:
     payload: Any
     parent_id: str | None = None  # a reply: the message it answers (kept in every copy)
     republished_from: str | None = None  # the dead letter this publishes again
+    relayed_from: str | None = None  # an ingest: the node it came from (in every copy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +210,8 @@ def encode_copy(
         tail += f',"parentId":{_json_str(request.parent_id)}'
     if request.republished_from is not None:
         tail += f',"republishedFrom":"{request.republished_from}"'
+    if request.relayed_from is not None:
+        tail += f',"relayedFrom":{_json_str(request.relayed_from)}'
     if dead is not None:
         tail += f',"deadLetter":{json.dumps(dead.to_wire(), ensure_ascii=False)}'
     return head.encode() + payload_json + (tail + "}").encode()

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,9 @@ def cmd_auth(args: argparse.Namespace) -> int:
     if args.action in ("allow-uid", "add-key", "add-token") and not args.sender:
         print("relay auth: give at least one --sender pattern", file=sys.stderr)
         return 2
+    if args.expires is not None and args.action != "add-token":
+        print("relay auth: --expires is for add-token", file=sys.stderr)
+        return 2
     action = ACTIONS.get(args.action)
     if action is not None:
         code = action(args, home, data)
@@ -58,6 +62,8 @@ def _entry(args: argparse.Namespace, name: str) -> dict[str, Any]:
         "senders": args.sender or [],
         "admin": args.admin,
     }
+    if args.delegate:
+        entry["delegate"] = True
     if args.consume:
         entry["consumes"] = args.consume
     return entry
@@ -71,26 +77,55 @@ def _allow_uid(args: argparse.Namespace, home: Home, data: dict[str, Any]) -> in
 
 def _add_key(args: argparse.Namespace, home: Home, data: dict[str, Any]) -> int | None:
     """``add-key NAME``: a CURVE certificate for a tcp:// client (in --dir, default
-    <home>/keys); ``add-token NAME`` also makes an HTTP bearer token for that key."""
+    <home>/keys)."""
     from sdk.curve import create_certificate
 
-    # A token's key stays in <home>/keys: the HTTP gateway connects with it.
-    directory = Path(args.dir) if args.dir and args.action == "add-key" else home.keys
+    directory = Path(args.dir) if args.dir else home.keys
     if (directory / f"{args.target}.key_secret").exists():
         print(f"relay auth: {directory}/{args.target}.key_secret exists", file=sys.stderr)
         return 2
     public_file, secret_file = create_certificate(directory, args.target)
-    public = load_public(public_file).decode()
-    data["keys"][public] = _entry(args, args.target)
-    if args.action == "add-token":
-        from edges.http.credentials import new_token, token_hash
-
-        token = new_token()
-        data["keys"][public]["tokens"] = [token_hash(token)]
-        print(f"HTTP bearer token (shown once; auth.json keeps its hash): {token}")
-    else:
-        print(f"client certificate: {secret_file} (give it to the client, keep it secret)")
+    data["keys"][load_public(public_file).decode()] = _entry(args, args.target)
+    print(f"client certificate: {secret_file} (give it to the client, keep it secret)")
     return None
+
+
+def _add_token(args: argparse.Namespace, home: Home, data: dict[str, Any]) -> int | None:
+    """``add-token NAME [--expires 30d]``: an identity reached only through its bearer
+    token, which an edge verifies before acting for it (edges/tokens.py). Its entry is
+    keyed by a fresh public key whose secret is thrown away: nobody connects with it."""
+    import zmq
+
+    from edges.tokens import new_token, token_hash
+
+    if any(args.target == v.get("name") for v in [*data["keys"].values(), *data["uids"].values()]):
+        print(f"relay auth: {args.target!r} is taken; remove it first", file=sys.stderr)
+        return 2
+    token = new_token()
+    grant: Any = token_hash(token)
+    if args.expires is not None:
+        try:
+            lasts = duration_s(args.expires)
+        except ValueError as exc:
+            print(f"relay auth: --expires: {exc}", file=sys.stderr)
+            return 2
+        until = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=lasts)
+        grant = {"hash": token_hash(token), "expires": until.isoformat().replace("+00:00", "Z")}
+    public, _ = zmq.curve_keypair()
+    data["keys"][public.decode()] = {**_entry(args, args.target), "tokens": [grant]}
+    print(f"bearer token (shown once; auth.json keeps its hash): {token}")
+    return None
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_s(text: str) -> int:
+    """``30d``, ``12h``, ``90m``, ``45s`` in seconds; `ValueError` otherwise."""
+    number, unit = text[:-1], text[-1:]
+    if unit not in _UNITS or not number.isdigit() or int(number) == 0:
+        raise ValueError(f"{text!r} is not a duration like 30d, 12h, 90m or 45s")
+    return int(number) * _UNITS[unit]
 
 
 def _remove(args: argparse.Namespace, home: Home, data: dict[str, Any]) -> int | None:
@@ -121,20 +156,44 @@ def _server_key(args: argparse.Namespace, home: Home, data: dict[str, Any]) -> i
 ACTIONS: dict[str, Callable[[argparse.Namespace, Home, dict[str, Any]], int | None]] = {
     "allow-uid": _allow_uid,
     "add-key": _add_key,
-    "add-token": _add_key,
+    "add-token": _add_token,
     "remove": _remove,
     "server-key": _server_key,
 }  # and "list", the default, which only lists
 
 
 def _list(home: Home, data: dict[str, Any]) -> None:
-    """Every uid and key admitted, with what each may send as and receive."""
+    """Every uid and key admitted: what each may send as and receive, whether it is an
+    operator or a delegate, and its tokens' expiry (never a token, nor its hash)."""
     uids, keys = data["uids"], data["keys"]
     listed = [(f"uid {u}", v) for u, v in uids.items()] + [(f"key {k}", v) for k, v in keys.items()]
     rows = []
     for who, v in listed:
         receives = v.get("consumes", v["senders"])
         shown = " ".join(receives) or "nothing"
-        rows.append((who, v["name"], " ".join(v["senders"]), shown, v["admin"]))
-    print(table(rows, ["who", "name", "may send as", "may receive", "admin"]))
-    print(f"(uid {home.owner_uid}, the broker's owner, is admitted with every right unless listed)")
+        tokens = "; ".join(_expiry(t) for t in v.get("tokens", [])) or "-"
+        rows.append(
+            (
+                who,
+                v["name"],
+                " ".join(v["senders"]),
+                shown,
+                v["admin"],
+                v.get("delegate", False),
+                tokens,
+            )
+        )
+    headers = ["who", "name", "may send as", "may receive", "admin", "delegate", "tokens"]
+    print(table(rows, headers))
+    print(
+        f"(uid {home.owner_uid}, the broker's owner, is admitted with every right, delegation "
+        "included, unless listed)"
+    )
+
+
+def _expiry(grant: Any) -> str:
+    if isinstance(grant, str):
+        return "no expiry"
+    expires = datetime.fromisoformat(grant["expires"])
+    word = "expired" if expires <= datetime.now(UTC) else "expires"
+    return f"{word} {grant['expires']}"

@@ -23,7 +23,14 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     from edges.mcp_server import serve  # the mcp package is needed by this command only
 
     with client_from_args(args) as client:
-        serve(client, args.sender, http=args.http, ack_wait=args.ack_wait)
+        serve(
+            client,
+            args.sender,
+            http=args.http,
+            ack_wait=args.ack_wait,
+            home=Home(args.home),
+            connect_as=lambda user: client_from_args(args, acting_for=user),
+        )
     return 0
 
 

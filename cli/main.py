@@ -158,6 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="endpoint pattern whose messages it may receive (repeat; default: its senders)",
     )
     p.add_argument("--admin", action="store_true", help="may change config, rules, purge...")
+    p.add_argument(
+        "--delegate",
+        action="store_true",
+        help="may act for identities with tokens (an edge's own identity; docs/security.md)",
+    )
+    p.add_argument(
+        "--expires", metavar="DURATION", help="add-token: the token expires after 30d, 12h, 90m"
+    )
     p.add_argument("--name", help="a name for people (default: the key name or uid)")
     p.add_argument("--dir", help="where add-key writes the certificate (default <home>/keys)")
     p = command("mcp", cmd_mcp, "an MCP server: Relay's tools for one agent (stdio)")

@@ -25,16 +25,18 @@ from sdk.paths import Home
 from sdk.types import AccessRule, Envelope, Signal
 
 
-def client_from_args(args: argparse.Namespace) -> Client:
+def client_from_args(args: argparse.Namespace, acting_for: str | None = None) -> Client:
     """The client the common options of a command that talks to the broker describe
     (--address, --timeout, --key-file, --server-key; cli/main.py). Edges use it as is:
-    started next to the router (a Procfile line), they wait for it to bind."""
+    started next to the router (a Procfile line), they wait for it to bind; with
+    ``acting_for``, its requests act for that identity (docs/security.md, "Delegation")."""
     return connect(
         args.home,
         address=args.address,
         timeout=args.timeout,
         key_file=args.key_file,
         server_key=args.server_key,
+        acting_for=acting_for,
     )
 
 

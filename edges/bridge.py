@@ -10,8 +10,8 @@ right; JetStream keeps and replicates. Four tasks on one asyncio loop:
   ADVERTISE_S;
 - directory: reads the bucket and hands each other node's full list to the router;
 - outbound: takes the router's remote parts (held ``relay_take``), publishes each to the
-  far node's stream with ``Nats-Msg-Id`` = the message id, and confirms (``relayed``)
-  with the PubAck's outcome;
+  far node's stream (no ``Nats-Msg-Id``: the far router de-duplicates by origin node
+  and id), and confirms (``relayed``) with the PubAck's outcome;
 - inbound: pulls this node's stream (durable consumer), ingests each message, and acks
   JetStream only on the router's answer (the copy durable), naks what may pass later;
 - signals: those for other nodes' endpoints go out on core NATS
@@ -542,12 +542,14 @@ class Bridge:
             window.give(len(confirmations))
 
     async def _publish(self, part: dict[str, Any]) -> asyncio.Future:
-        """Hand one part to JetStream without waiting for it: the future holds its PubAck
-        (Nats-Msg-Id, the message id, makes a second publish of it no second copy)."""
+        """Hand one part to JetStream without waiting for it: the future holds its PubAck.
+        Without a Nats-Msg-Id: JetStream drops a message whose id an earlier one in the
+        stream named, and the far node's stream takes every node's parts, so another
+        node could have this one dropped by naming its id first. A part is published
+        once; the far router catches a second copy by (origin node, id)."""
         subject = names.outbound(part["node"], self.node)
-        headers = {"Nats-Msg-Id": part["envelope"]["id"]}
         try:
-            return await self.js.publish_async(subject, names.encode_part(part), headers=headers)
+            return await self.js.publish_async(subject, names.encode_part(part))
         except Exception as exc:  # not sent (disconnected, buffer full): not confirmed
             failed = asyncio.get_running_loop().create_future()
             failed.set_exception(exc)
@@ -595,9 +597,18 @@ class Bridge:
             result = await _result(self.client.ingest_async(envelope, subjects, node=origin))
             settle = names.settle_result(result)
             reasons = [reason for _, reason in result.rejected]
-            if settle is not names.Settle.ACK:
+            if settle is not names.Settle.ACK or names.ID_CONFLICT in reasons:
                 why = ", ".join(f"{reason} on {key}" for key, reason in result.rejected)
-                log.info("bridge %s: ingest from %s: %s (%s)", self.node, origin, settle.value, why)
+                level = logging.WARNING if names.ID_CONFLICT in reasons else logging.INFO
+                log.log(
+                    level,
+                    "bridge %s: ingest of %s from %s: %s (%s)",
+                    self.node,
+                    envelope.id,
+                    origin,
+                    settle.value,
+                    why,
+                )
         except RelayError as exc:
             settle, reasons = names.settle_error(exc), [exc.code]
             log.log(

@@ -213,6 +213,12 @@ class Settle(enum.Enum):
     TERM = "term"  # never acceptable here (rights, malformed): stop redelivering
 
 
+# An ingest's copy refused because its endpoint has that id from another node (or
+# published there): final, and said at WARNING level by the bridge, since a node may be
+# relaying ids that are not its own.
+ID_CONFLICT = "id_conflict"
+
+
 def settle_result(result: PublishResult) -> Settle:
     """A PublishResult: ack, unless a copy met a refusal that may pass later."""
     if any(reason in TRANSIENT for _, reason in result.rejected):

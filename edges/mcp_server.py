@@ -3,8 +3,9 @@
 One process serves one agent: one SDK client (so one identity in auth.json, checked by
 the router like any client's), and one sender subject fixed at start, used as ``from``
 of everything it sends and as the default ``replyTo``. stdio by default (the MCP host
-starts the process); ``--http HOST:PORT`` serves streamable HTTP at ``/mcp`` instead,
-every session then sharing that client, sender and inbox.
+starts the process); ``--http HOST:PORT`` serves streamable HTTP at ``/mcp`` instead:
+without tokens every session shares that client, sender and inbox; with tokens in
+auth.json each session acts as its bearer token's identity (edges/mcp_agents.py).
 
 The tools are described in edges.mcp_tools. `relay_inbox` fetches (the SDK's `fetch`,
 with an ack deadline) and keeps what it handed the agent in edges.held until
@@ -32,6 +33,7 @@ from mcp.server import Server
 from mcp.server.stdio import stdio_server
 
 from edges.held import DEFAULT_ACK_WAIT_S, HeldMessages
+from edges.mcp_agents import Agents, TokenGate
 from edges.mcp_tools import (
     TOOLS,
     TOOLS_BY_NAME,
@@ -41,6 +43,7 @@ from edges.mcp_tools import (
     error_text,
     publish_refusal,
 )
+from edges.tokens import AuthFile
 from sdk import subjects
 from sdk.client import Client
 from sdk.errors import (
@@ -52,6 +55,7 @@ from sdk.errors import (
     UnknownOperation,
 )
 from sdk.message import Message
+from sdk.paths import Home
 from sdk.types import Budget, Envelope, PublishResult, Signal, SignalType
 
 log = logging.getLogger("relay.mcp")
@@ -258,8 +262,9 @@ def _result(text: str, *, error: bool = False, structured: Any = None) -> types.
     )
 
 
-def build_server(tools: RelayTools) -> Server:
-    """The MCP server object: tools/list and tools/call over ``tools``."""
+def build_server(tools: RelayTools, agents: Agents | None = None) -> Server:
+    """The MCP server object: tools/list and tools/call over ``tools``, or over the
+    tools of each call's token identity (``agents``, MCP over HTTP)."""
     listed = types.ListToolsResult(
         tools=[
             types.Tool(
@@ -275,16 +280,28 @@ def build_server(tools: RelayTools) -> Server:
     async def list_tools(_ctx: Any, _params: Any) -> types.ListToolsResult:
         return listed
 
-    async def call_tool(_ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        return await tools.call(params.name, params.arguments)
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        if agents is None:
+            return await tools.call(params.name, params.arguments)
+        try:
+            chosen = await agents.for_request(ctx.request)
+        except RelayError as exc:  # no sender to act as, the router refused the client
+            return _result(error_text(exc.code, exc.message), error=True)
+        return await chosen.call(params.name, params.arguments)
 
     return Server(
         "relay",
         version="0.1.0",
         instructions=(
-            f"Relay message bus; you send as {tools.sender}. Read your messages with "
-            f"relay_inbox(endpoint={tools.sender!r}), answer each with relay_reply when "
-            "asked, then relay_ack it."
+            f"Relay message bus; you send as {tools.sender}"
+            + (
+                ""
+                if agents is None
+                else " (with a bearer token: as its Relay-Sender header names, or as the "
+                "token's one sender subject)"
+            )
+            + f". Read your messages with relay_inbox(endpoint={tools.sender!r} or your "
+            "own), answer each with relay_reply when asked, then relay_ack it."
         ),
         on_list_tools=list_tools,
         on_call_tool=call_tool,
@@ -296,24 +313,42 @@ async def serve_stdio(server: Server) -> None:
         await server.run(read, write, server.create_initialization_options())
 
 
-async def serve_http(server: Server, host: str, port: int) -> None:
+async def serve_http(server: Server, host: str, port: int, auth: AuthFile) -> None:
     import uvicorn  # a dependency of mcp; only the HTTP transport needs it
 
-    app = server.streamable_http_app(host=host)
+    app = TokenGate(server.streamable_http_app(host=host), auth)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning")
     await uvicorn.Server(config).serve()
 
 
 def serve(
-    client: Client, sender: str, http: str | None = None, ack_wait: float = DEFAULT_ACK_WAIT_S
+    client: Client,
+    sender: str,
+    http: str | None = None,
+    ack_wait: float = DEFAULT_ACK_WAIT_S,
+    *,
+    home: Home | None = None,
+    connect_as: Callable[[str], Client] | None = None,
 ) -> None:
     """Serve the tools until the host closes stdin (stdio) or the process is stopped.
     ``ack_wait``: seconds a message read with relay_inbox stays held unanswered before
-    the router hands it out again (docs/mcp.md, "Reading and answering")."""
+    the router hands it out again (docs/mcp.md, "Reading and answering"). Over HTTP,
+    ``connect_as(user)`` makes a client acting for a token's identity (``home`` says
+    where auth.json is)."""
     tools = RelayTools(client, sender, ack_wait)
-    server = build_server(tools)
     if http is None:
-        anyio.run(serve_stdio, server)
-    else:
-        host, _, port = http.rpartition(":")
-        anyio.run(serve_http, server, host or "127.0.0.1", int(port))
+        anyio.run(serve_stdio, build_server(tools))
+        return
+    if home is None or connect_as is None:
+        raise ValueError("MCP over HTTP needs the data directory and a way to act for tokens")
+    auth = AuthFile(home.auth_file, home.owner_uid)
+    agents = Agents(tools, auth, connect_as, lambda c, s: RelayTools(c, s, ack_wait))
+    host, _, port = http.rpartition(":")
+
+    async def run() -> None:
+        try:
+            await serve_http(build_server(tools, agents), host or "127.0.0.1", int(port), auth)
+        finally:
+            await agents.close()
+
+    anyio.run(run)

@@ -73,10 +73,14 @@ class Client(ClientPlumbing):
         timeout: float = DEFAULT_TIMEOUT,
         ctx: zmq.Context | None = None,
         curve: CurveKeys | None = None,
+        acting_for: str | None = None,
     ) -> None:
         self.address = address
         self.timeout = timeout
         self._curve = curve
+        # Every request names the identity it acts for (a delegate's connection:
+        # docs/security.md, "Delegation"); empty: the connection's own identity.
+        self._acting: dict[str, str] = {"actingFor": acting_for} if acting_for else {}
         self._ctx = ctx or zmq.Context.instance()
         self._rids = itertools.count(1)
         self._futures: dict[int, Future] = {}
@@ -509,7 +513,7 @@ class Client(ClientPlumbing):
 
     def _signal_quietly(self, fields: dict[str, Any], timeout: float | None) -> None:
         """Queue a signal sent without a reply; `Full` when no room came in ``timeout``."""
-        body = wire.encode_request("signal", 0, reply=False, **fields)[1]
+        body = wire.encode_request("signal", 0, reply=False, **self._acting, **fields)[1]
         self._quiet.wait_for_room(timeout)  # not under the lock: the I/O thread frees room
         with self._lock:  # as requests are sent: one order for signals and requests
             if self._closed:
@@ -660,6 +664,7 @@ def connect(
     timeout: float = DEFAULT_TIMEOUT,
     key_file: str | os.PathLike[str] | None = None,
     server_key: str | os.PathLike[str] | None = None,
+    acting_for: str | None = None,
 ) -> Client:
     """Connect to the broker of a data directory (default $RELAY_HOME or ~/.dork/relay).
 
@@ -667,6 +672,10 @@ def connect(
     certificate (default ``$RELAY_KEY_FILE``) and ``server_key`` the broker's public key,
     as Z85 text or a certificate path (default ``$RELAY_SERVER_KEY``, else
     ``<home>/keys/server.key`` when this machine has it).
+
+    ``acting_for``: the user id (``key:<z85>``) of the identity every request of this
+    client acts for; the connection's own identity must have the delegation right
+    (docs/security.md, "Delegation").
     """
     where = Home(home)
     address = address or where.router_address
@@ -675,7 +684,7 @@ def connect(
     if key_file and address.startswith("tcp://"):  # ipc:// checks the uid instead
         server_key = server_key or os.environ.get("RELAY_SERVER_KEY")
         curve = client_keys(key_file, server_key or where.server_public_key_file)
-    return Client(address, timeout=timeout, curve=curve)
+    return Client(address, timeout=timeout, curve=curve, acting_for=acting_for)
 
 
 class HeldHere(NamedTuple):

@@ -52,6 +52,7 @@ class ClientPlumbing:
     address: str
     timeout: float
     _curve: CurveKeys | None
+    _acting: dict[str, str]
     _ctx: zmq.Context
     _rids: Any  # itertools.count
     _futures: dict[int, Future]
@@ -185,7 +186,7 @@ class ClientPlumbing:
                     self.answered(delivery.id, delivery.endpoint, delivery.deliveries)
                     op, fields = answer_of(delivery, error)
                     rids.append(next(self._rids))  # no future: its reply is dropped
-                    bodies.append(wire.encode_request(op, rids[-1], **fields)[1])
+                    bodies.append(wire.encode_request(op, rids[-1], **self._acting, **fields)[1])
                 self._send(dealer, rids, bodies)
         return max(1, math.ceil(wait * 1000))
 
@@ -406,7 +407,7 @@ class ClientPlumbing:
         when no reply comes within ``timeout``, default the client's)."""
         rid = next(self._rids)
         future: Future = Future()
-        body = wire.encode_request(op, rid, **fields)[1]
+        body = wire.encode_request(op, rid, **self._acting, **fields)[1]
         with self._lock:  # close() takes it too: no send on a closed socket
             if self._closed:
                 raise Unavailable("client is closed")

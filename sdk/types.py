@@ -153,6 +153,9 @@ class Envelope:
     published_to: str | None = None  # the subject/pattern the publisher named, if different
     parent_id: str | None = None  # a reply: the id of the message it answers
     republished_from: str | None = None  # the dead letter's id, when this publishes it again
+    # The node this copy was relayed from (docs/federation.md); None: published here.
+    # Written by the router that stored it, never taken from a client.
+    relayed_from: str | None = None
     # How many times this copy has been handed to a consumer, this time included (1 the
     # first time; 0: not handed out, as in a file or to an observer). Said by the
     # router with each hand-out, never in the file.
@@ -174,6 +177,8 @@ class Envelope:
             wire["parentId"] = self.parent_id
         if self.republished_from is not None:
             wire["republishedFrom"] = self.republished_from
+        if self.relayed_from is not None:
+            wire["relayedFrom"] = self.relayed_from
         return wire
 
     @classmethod
@@ -196,6 +201,7 @@ class Envelope:
             published_to=get_subject(d, "publishedTo", path, wildcards=True, default=None),
             parent_id=_optional_id(d, "parentId", path),
             republished_from=_optional_id(d, "republishedFrom", path),
+            relayed_from=get_subject(d, "relayedFrom", path, default=None),
         )
 
     def to_json(self) -> bytes:
@@ -251,6 +257,14 @@ def dead_letter_json(envelope: Envelope | Mapping[str, Any], info: DeadLetterInf
     wire = envelope.to_wire() if isinstance(envelope, Envelope) else dict(envelope)
     wire["deadLetter"] = info.to_wire()
     return dumps_json(wire)
+
+
+def relayed_from(data: bytes) -> str | None:
+    """The node a stored copy was relayed from (its file's ``relayedFrom``); None when
+    it was published on this node."""
+    wire = loads_json(data)
+    origin = wire.get("relayedFrom") if isinstance(wire, dict) else None
+    return origin if isinstance(origin, str) else None
 
 
 def parse_message_file(data: bytes) -> tuple[Envelope, DeadLetterInfo | None]:

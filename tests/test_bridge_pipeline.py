@@ -7,6 +7,7 @@ answers the test gives, one by one; every wait is on a condition, with a deadlin
 from __future__ import annotations
 
 import asyncio
+import json
 from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
@@ -47,10 +48,14 @@ class JetStream:
 
     def __init__(self) -> None:
         self.published: asyncio.Queue[tuple[str, asyncio.Future]] = asyncio.Queue()
+        self.headers: list[dict | None] = []  # of each publish, in order
 
-    async def publish_async(self, subject: str, payload: bytes, headers: dict) -> asyncio.Future:
+    async def publish_async(
+        self, subject: str, payload: bytes, headers: dict | None = None
+    ) -> asyncio.Future:
         ack = asyncio.get_running_loop().create_future()
-        self.published.put_nowait((headers["Nats-Msg-Id"], ack))
+        self.headers.append(headers)
+        self.published.put_nowait((json.loads(payload)["envelope"]["id"], ack))
         return ack
 
     async def next(self) -> tuple[str, asyncio.Future]:
@@ -127,6 +132,30 @@ async def running(coroutine: Any, test: Any) -> None:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+def test_a_part_goes_to_jetstream_with_no_deduplication_id():
+    """A node's stream takes the parts of every node, and JetStream drops a message
+    whose Nats-Msg-Id an earlier one named, whoever named it: with the message id as
+    that header, another node could have this node's part dropped by naming its id
+    first. The far router de-duplicates by (origin node, id) instead."""
+
+    async def scenario() -> None:
+        router = Router()
+        b = bridge(router)
+        js: JetStream = b.js
+
+        async def test() -> None:
+            _, answer = await router.next("relay_take")
+            message_id = new_id()
+            answer.set_result({"parts": [part(1, message_id)]})
+            published, _ = await js.next()
+            assert published == message_id
+            assert "Nats-Msg-Id" not in (js.headers[0] or {})
+
+        await running(b._outbound(), test)
+
+    asyncio.run(scenario())
 
 
 def test_the_next_take_is_asked_while_pubacks_wait_and_only_pubacked_parts_are_relayed():

@@ -4,6 +4,7 @@ router's reaction to the file is tests/test_security.py's)."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 
 from cli.main import main
 
@@ -39,11 +40,48 @@ def test_add_key_makes_a_certificate_and_add_token_a_token(tmp_path, capsys):
     assert (tmp_path / "keys" / "agent.key_secret").exists()
     assert "client certificate" in capsys.readouterr().out
     assert relay_auth(tmp_path, "add-token", "web", "--sender", "relay.web.>") == 0
-    assert "HTTP bearer token" in capsys.readouterr().out
+    assert "bearer token (shown once" in capsys.readouterr().out
     keys = auth_json(tmp_path)["keys"]
     assert sorted(v["name"] for v in keys.values()) == ["agent", "web"]
     assert [len(v.get("tokens", [])) for v in keys.values()] == [0, 1]
     assert relay_auth(tmp_path, "add-key", "agent", "--sender", "x") == 2  # exists
+
+
+def test_add_token_expires_and_list_shows_each_tokens_expiry_never_the_token(tmp_path, capsys):
+    before = datetime.now(UTC)
+    assert (
+        relay_auth(tmp_path, "add-token", "web", "--sender", "relay.web.>", "--expires", "30d") == 0
+    )
+    token = capsys.readouterr().out.split("keeps its hash): ")[1].split()[0]
+    assert relay_auth(tmp_path, "add-token", "cli", "--sender", "relay.cli.>") == 0
+    capsys.readouterr()
+    web = next(v for v in auth_json(tmp_path)["keys"].values() if v["name"] == "web")
+    (grant,) = web["tokens"]
+    expires = datetime.fromisoformat(grant["expires"])
+    assert before + timedelta(days=30) - timedelta(seconds=1) <= expires
+    assert expires <= datetime.now(UTC) + timedelta(days=30)
+
+    assert relay_auth(tmp_path, "list") == 0
+    listed = capsys.readouterr().out
+    assert f"expires {grant['expires']}" in listed and "no expiry" in listed
+    assert "relay.web.>" in listed
+    assert token not in listed and grant["hash"] not in listed and "sha256" not in listed
+
+
+def test_add_token_refuses_a_taken_name_and_a_bad_duration(tmp_path):
+    assert relay_auth(tmp_path, "add-token", "web", "--sender", "relay.web.>") == 0
+    assert relay_auth(tmp_path, "add-token", "web", "--sender", "relay.web.>") == 2
+    assert relay_auth(tmp_path, "add-token", "w2", "--sender", "x", "--expires", "soon") == 2
+    assert relay_auth(tmp_path, "add-key", "k", "--sender", "x", "--expires", "30d") == 2
+    assert len(auth_json(tmp_path)["keys"]) == 1
+
+
+def test_delegate_grants_the_right_to_act_for_token_identities(tmp_path, capsys):
+    assert relay_auth(tmp_path, "add-key", "edge", "--sender", ">", "--delegate") == 0
+    (entry,) = auth_json(tmp_path)["keys"].values()
+    assert entry["delegate"] is True
+    relay_auth(tmp_path, "list")
+    assert "delegate" in capsys.readouterr().out
 
 
 def test_remove_by_name_and_a_name_nobody_has(tmp_path):

@@ -70,6 +70,7 @@ class Peer:
             [node(), "test/peer.js", *args],
             cwd=NODE_DIR,
             env=node_env(broker),
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -92,6 +93,11 @@ class Peer:
             raise AssertionError(f"node peer ended: {self.finish()}")
         assert "error" not in line, line
         return line
+
+    def say(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
 
     def finish(self, timeout: float = 15) -> str:
         try:
@@ -275,6 +281,36 @@ def test_a_node_consumer_keeps_consuming_across_a_router_restart(broker: Broker)
     line = peer.next(timeout=20)
     assert line["id"] == second.message_id
     assert line["settled"] == {"state": "done"}
+    peer.finish()
+    assert peer.proc.returncode == 0
+
+
+def test_a_node_client_keeps_what_it_holds_when_the_router_restarts(broker: Broker):
+    python = broker.client()
+    python.register_endpoint("relay.interop.held")
+    python.set_config({"delivery": {"sessionTimeoutMs": 1000}})
+    first = python.publish("relay.interop.held", 1, sender="relay.interop.python")
+    peer = Peer(broker, "hold", "relay.interop.held")
+    assert peer.next() == {"id": first.message_id, "deliveries": 1}
+    for name in ("router", "writer0", "writer1"):
+        broker.kill(name)
+    broker.start_router()  # alone: no writer has said which claims cur/ holds
+
+    def claimed() -> int:
+        with contextlib.suppress(Exception):
+            endpoints = broker.client().status()["endpoints"]
+            return next(e for e in endpoints if e["subject"] == "relay.interop.held")["claimed"]
+        return 0
+
+    # Only the Node client's hello, naming its session and what it holds, says so.
+    wait_for(claimed, 20, what="the Node client to say it holds the message")
+    for shard in range(broker.shards):
+        broker.start_writer(shard)
+    broker.wait_ready()
+    assert python.fetch("relay.interop.held", wait=2.5) == []  # past the session timeout
+    peer.say("ack")
+    assert peer.next() == {"settled": {"state": "done"}}
+    assert python.trace(first.message_id)["copies"][0]["state"] == "done"
     peer.finish()
     assert peer.proc.returncode == 0
 

@@ -144,39 +144,29 @@ def test_console_purges_a_dead_letter(console: tuple[Page, Client], shots: Path)
     page.screenshot(path=str(shots / "console-purged.png"), full_page=True)
 
 
-def test_console_asks_for_a_token_when_auth_json_lists_tokens(shots: Path) -> None:
-    broker = Broker.on_tcp([("ops", [">"], True)])
-    try:
-        made = broker.relay("auth", "add-token", "console", "--sender", ">", "--admin")
-        assert made.returncode == 0, made.stderr
-        token = made.stdout.split("shown once; auth.json keeps its hash): ")[1].split()[0]
-        broker.start()
-        options = broker.client_options
-        with (
-            RunningGateway(
-                broker, address=options["address"], key_file=str(options["key_file"])
-            ) as gw,
-            sync_playwright() as playwright,
-        ):
-            browser = playwright.chromium.launch(
-                executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
-            )
-            try:
-                page = browser.new_page()
-                page.goto(gw.url + "/")
-                form = page.locator("#token-form")
-                expect(form).to_be_visible(timeout=10_000)  # the API said 401
-                page.locator("#token").fill(token)
-                form.locator("button").click()
-                expect(page.locator("#stream-state")).to_have_text("live", timeout=15_000)
-                broker.client().register_endpoint(DEMO)
-                row = page.locator(f'#endpoints tr[data-subject="{DEMO}"]')
-                expect(row).to_be_visible(timeout=10_000)
-                page.screenshot(path=str(shots / "console-token.png"), full_page=True)
-            finally:
-                browser.close()
-    finally:
-        broker.cleanup()
+def test_console_asks_for_a_token_when_auth_json_lists_tokens(broker: Broker, shots: Path) -> None:
+    """On a default install (the router on ipc://, as `make run` starts it)."""
+    made = broker.relay("auth", "add-token", "console", "--sender", ">", "--admin")
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.split("shown once; auth.json keeps its hash): ")[1].split()[0]
+    with RunningGateway(broker) as gw, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            page = browser.new_page()
+            page.goto(gw.url + "/")
+            form = page.locator("#token-form")
+            expect(form).to_be_visible(timeout=10_000)  # the API said 401
+            page.locator("#token").fill(token)
+            form.locator("button").click()
+            expect(page.locator("#stream-state")).to_have_text("live", timeout=15_000)
+            broker.client().register_endpoint(DEMO)
+            row = page.locator(f'#endpoints tr[data-subject="{DEMO}"]')
+            expect(row).to_be_visible(timeout=10_000)
+            page.screenshot(path=str(shots / "console-token.png"), full_page=True)
+        finally:
+            browser.close()
 
 
 LONG = "relay.agent.a-rather-long-project-name.backend-service-with-a-long-name"

@@ -28,8 +28,6 @@ from edges.http.credentials import (
     kernel_address,
     read_socket_tables,
     socket_owner,
-    token_hash,
-    tokens_by_hash,
 )
 from edges.http.errors import STATUS_BY_CODE, HttpError
 from edges.http.gateway import Gateway, Peer
@@ -38,6 +36,7 @@ from edges.http.listener import retry_delay
 from edges.http.openapi import document
 from edges.http.sse import CUT, ObserverHub, message_event
 from edges.http.streams import Stream
+from edges.tokens import TokenBook
 from sdk import edge_state
 from sdk.client import connect
 from sdk.edge_state import EdgeState
@@ -573,12 +572,87 @@ def test_without_tokens_only_loopback_is_served(broker: Broker) -> None:
     assert refused.value.code == "not_authorized"
 
 
-def test_a_token_acts_with_its_identity_rights_as_the_router_judges() -> None:
-    broker = Broker.on_tcp([("ops", [">"], True)])
+def add_token(broker: Broker, name: str, *options: str) -> str:
+    """`relay auth add-token NAME OPTIONS`; the token it prints once."""
+    made = broker.relay("auth", "add-token", name, *options)
+    assert made.returncode == 0, made.stderr
+    return made.stdout.split("shown once; auth.json keeps its hash): ")[1].split()[0]
+
+
+def test_a_token_acts_with_its_identity_rights_on_a_default_install(broker: Broker) -> None:
+    """The router on ipc:// (`make run`): the gateway, as the owner, acts for the token's
+    identity on its own connection, and the router judges each request by it."""
+    token = add_token(broker, "agent-a", "--sender", "relay.agent.a.>")
+    with RunningGateway(broker) as gw:
+        auth = {"Authorization": f"Bearer {token}"}
+        no_token = gw.http.get("/api/status")
+        assert no_token.status_code == 401
+        assert no_token.json()["error"]["code"] == "not_authorized"
+        wrong = gw.http.get("/api/status", headers={"Authorization": "Bearer relay_nope"})
+        assert wrong.status_code == 401
+
+        made = gw.http.post("/api/endpoints", headers=auth, json={"subject": "relay.agent.a.x"})
+        assert made.status_code == 201, made.text
+        own = gw.http.post(
+            "/api/publish",
+            headers=auth,
+            json={"subject": "relay.agent.a.x", "from": "relay.agent.a.x", "payload": 1},
+        )
+        assert own.status_code == 200, own.text
+        assert own.json()["deliveredTo"] == 1
+        other = gw.http.post(
+            "/api/publish",
+            headers=auth,
+            json={"subject": "relay.agent.a.x", "from": "relay.agent.b.x", "payload": 1},
+        )
+        assert other.status_code == 403
+        assert other.json()["error"]["code"] == "sender_not_allowed"
+        admin_only = gw.http.patch("/api/config", headers=auth, json={"rateLimit": {}})
+        assert admin_only.status_code == 403
+        assert admin_only.json()["error"]["code"] == "not_authorized"
+        stream = gw.http.get("/api/stream?pattern=relay.agent.b.>", headers=auth)
+        assert stream.status_code == 403  # may not receive relay.agent.b.>
+
+        # Consuming for it works too: the inbox claims, then the ack is confirmed.
+        inbox = gw.http.get("/api/endpoints/relay.agent.a.x/inbox", headers=auth)
+        assert inbox.status_code == 200, inbox.text
+        (message,) = inbox.json()["messages"]
+        acked = gw.http.post(f"/api/messages/{message['id']}/ack", headers=auth)
+        assert acked.status_code == 200, acked.text
+        assert acked.json()["state"] == "done"
+
+        removed = broker.relay("auth", "remove", "agent-a")
+        assert removed.returncode == 0, removed.stderr
+        wait_for(
+            lambda: gw.http.get("/api/status", headers=auth).status_code == 401,
+            what="the revoked token to be refused",
+        )
+
+
+def test_an_expired_token_gets_401_like_an_unknown_one(broker: Broker) -> None:
+    token = add_token(broker, "agent-a", "--sender", "relay.agent.a.>", "--expires", "30d")
+    with RunningGateway(broker) as gw:
+        auth = {"Authorization": f"Bearer {token}"}
+        assert gw.http.get("/api/status", headers=auth).status_code == 200
+        data = json.loads(broker.home.auth_file.read_text())
+        (entry,) = data["keys"].values()
+        entry["tokens"][0]["expires"] = "2020-01-01T00:00:00Z"  # thirty days later
+        broker.home.auth_file.write_text(json.dumps(data))
+        expired = gw.http.get("/api/status", headers=auth)
+        assert expired.status_code == 401
+        assert expired.json()["error"]["message"] == "unknown, expired or revoked bearer token"
+
+
+def test_a_token_is_served_with_the_router_on_tcp_too() -> None:
+    """On tcp:// the gateway connects with its own key, which needs the delegation
+    right (the owner's uid has it implicitly; a key must be granted it)."""
+    broker = Broker.on_tcp([("edge", [">"], True)])
     try:
-        made = broker.relay("auth", "add-token", "agent-a", "--sender", "relay.agent.a.>")
-        assert made.returncode == 0, made.stderr
-        token = made.stdout.split("shown once; auth.json keeps its hash): ")[1].split()[0]
+        data = json.loads(broker.home.auth_file.read_text())
+        (edge,) = data["keys"].values()
+        edge["delegate"] = True
+        broker.home.auth_file.write_text(json.dumps(data))
+        token = add_token(broker, "agent-a", "--sender", "relay.agent.a.>")
         broker.start()
         options = {
             "address": broker.client_options["address"],
@@ -586,48 +660,26 @@ def test_a_token_acts_with_its_identity_rights_as_the_router_judges() -> None:
         }
         with RunningGateway(broker, **options) as gw:
             auth = {"Authorization": f"Bearer {token}"}
-            no_token = gw.http.get("/api/status")
-            assert no_token.status_code == 401
-            assert no_token.json()["error"]["code"] == "not_authorized"
-            wrong = gw.http.get("/api/status", headers={"Authorization": "Bearer relay_nope"})
-            assert wrong.status_code == 401
-
+            body = {"subject": "relay.agent.a.x", "payload": 1}
             own = gw.http.post(
-                "/api/publish",
-                headers=auth,
-                json={"subject": "relay.agent.a.x", "from": "relay.agent.a.me", "payload": 1},
+                "/api/publish", headers=auth, json={**body, "from": "relay.agent.a.x"}
             )
             assert own.status_code == 200, own.text
-            other = gw.http.post(
-                "/api/publish",
-                headers=auth,
-                json={"subject": "relay.agent.a.x", "from": "relay.agent.b.me", "payload": 1},
-            )
+            other = gw.http.post("/api/publish", headers=auth, json={**body, "from": "relay.b.x"})
             assert other.status_code == 403
             assert other.json()["error"]["code"] == "sender_not_allowed"
-            admin_only = gw.http.patch("/api/config", headers=auth, json={"rateLimit": {}})
-            assert admin_only.status_code == 403
-            assert admin_only.json()["error"]["code"] == "not_authorized"
-            stream = gw.http.get("/api/stream?pattern=relay.agent.b.>", headers=auth)
-            assert stream.status_code == 403  # may not receive relay.agent.b.>
-
-            removed = broker.relay("auth", "remove", "agent-a")
-            assert removed.returncode == 0, removed.stderr
-            wait_for(
-                lambda: gw.http.get("/api/status", headers=auth).status_code == 401,
-                what="the revoked token to be refused",
-            )
     finally:
         broker.cleanup()
 
 
 def test_auth_json_keeps_only_the_token_hash(broker: Broker) -> None:
-    made = broker.relay("auth", "add-token", "agent-a", "--sender", "relay.agent.a.>")
-    assert made.returncode == 0, made.stderr
-    token = made.stdout.split("shown once; auth.json keeps its hash): ")[1].split()[0]
+    token = add_token(broker, "agent-a", "--sender", "relay.agent.a.>")
     text = broker.home.auth_file.read_text()
     assert token not in text
-    assert token_hash(token) in tokens_by_hash(json.loads(text))
+    policy = AuthPolicy.from_json(json.loads(text), broker.home.owner_uid)
+    found = TokenBook(policy).verify(token, 0)
+    assert found is not None and found.name == "agent-a"
+    assert not list(broker.home.keys.glob("agent-a*"))  # no key secret: only the token
 
 
 @pytest.mark.parametrize(
@@ -644,16 +696,6 @@ def test_auth_json_refuses_tokens_it_cannot_honour(entry: dict) -> None:
         AuthPolicy.from_json(entry, owner_uid=0)
     good = {"keys": {"k" * 40: {"senders": [">"], "tokens": ["sha256:" + "0" * 64]}}}
     assert AuthPolicy.from_json(good, owner_uid=0).keys
-
-
-def test_a_token_with_the_router_on_ipc_is_unavailable(broker: Broker) -> None:
-    made = broker.relay("auth", "add-token", "agent-a", "--sender", "relay.agent.a.>")
-    token = made.stdout.split("shown once; auth.json keeps its hash): ")[1].split()[0]
-    with RunningGateway(broker) as gw:
-        response = gw.http.get("/api/status", headers={"Authorization": f"Bearer {token}"})
-        assert response.status_code == 503
-        assert response.json()["error"]["code"] == "unavailable"
-        assert "tcp://" in response.json()["error"]["message"]
 
 
 # ---------------------------------------------------------------------- other sites

@@ -13,14 +13,17 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 from edges.mcp_server import MAX_HELD
 from edges.mcp_tools import TOOLS
@@ -480,3 +483,74 @@ def test_http_serves_the_same_tools_at_slash_mcp(broker: Broker) -> None:
 def _listening(port: int) -> bool:
     with socket.socket() as probe:
         return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+@contextlib.contextmanager
+def mcp_http(broker: Broker) -> Iterator[str]:
+    """A `relay mcp --as A --http` process on this broker; yields its /mcp URL."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "cli", "--home", str(broker.home.root), "mcp"]
+    cmd += ["--as", A, "--http", f"127.0.0.1:{port}"]
+    with (broker.logs / "mcp-http.log").open("a") as log:
+        server = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: _listening(port), 30, what="relay mcp --http to listen")
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def token_for(broker: Broker, name: str, sender: str) -> str:
+    made = broker.relay("auth", "add-token", name, "--sender", sender)
+    assert made.returncode == 0, made.stderr
+    return made.stdout.split("shown once; auth.json keeps its hash): ")[1].split()[0]
+
+
+def over_http(url: str, token: str | None, **headers: str) -> Client:
+    """An MCP session over streamable HTTP that bears ``token``."""
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    return Client(streamable_http_client(url, http_client=create_mcp_http_client(headers)))
+
+
+def test_agents_with_their_own_tokens_talk_through_one_http_server(broker: Broker) -> None:
+    """With tokens in auth.json each MCP session acts as its token's identity (its
+    sender, its inbox, its rights) through one `relay mcp --http`, on ipc://."""
+    alice_token = token_for(broker, "alice", A)
+    bob_token = token_for(broker, "bob", B)
+    mallory_token = token_for(broker, "mallory", "relay.agent.mallory.>")
+
+    with mcp_http(broker) as url:
+
+        async def scenario() -> None:
+            async with over_http(url, alice_token) as alice, over_http(url, bob_token) as bob:
+                await call(bob, "relay_register_endpoint", subject=B)
+                answer: dict[str, Any] = {}
+                ask = call(alice, "relay_send_and_wait", subject=B, payload="2+2?")
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(into, answer, ask)
+                    request = await read_one(bob, B)
+                    assert request["from"] == A  # alice's token's sender, not the --as one
+                    await call(bob, "relay_reply", id=request["id"], payload="4")
+                    await call(bob, "relay_ack", endpoint=B, id=request["id"])
+                assert answer["reply"]["payload"] == "4" and answer["reply"]["from"] == B
+                assert answer["requestId"] == request["id"]
+
+            headers = {"Relay-Sender": A}  # mallory names a sender it may not use
+            async with over_http(url, mallory_token, **headers) as mallory:
+                text = await refusal(mallory, "relay_send", subject=B, payload="hi")
+            assert text.startswith("sender_not_allowed: "), text
+            assert "mallory may not send as relay.agent.proj.alice" in text
+
+        run(scenario)
+
+
+def test_with_tokens_configured_an_http_session_without_one_is_401(broker: Broker) -> None:
+    token_for(broker, "alice", A)
+    with mcp_http(broker) as url:
+        response = httpx.post(url, json={}, headers={"Accept": "application/json"})
+        assert response.status_code == 401
+        assert response.json()["error"]["code"] == "not_authorized"
+        bad = httpx.post(url, json={}, headers={"Authorization": "Bearer relay_nope"})
+        assert bad.status_code == 401

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 import pytest
 
 from sdk.errors import SenderNotAllowed
 from sdk.ids import new_id
-from sdk.subjects import endpoint_hash
+from sdk.subjects import endpoint_hash, reply_inbox
 from sdk.types import Budget, Envelope, default_budget
 from tests.harness import depth, wait_for, write_auth
 
@@ -51,6 +52,23 @@ def test_an_ingested_message_keeps_its_id_and_is_stored_once_however_often_it_co
     wait_for(lambda: got, what="the relayed message")
     assert got[0].id == envelope.id and got[0].sender == SENDER
     assert got[0].payload == {"content": "from a"}
+
+
+def test_a_second_node_relaying_an_id_stored_here_is_refused_clearly_not_counted(broker):
+    """De-duplication is by (origin node, id): an id stored from node a, relayed again
+    by node c, is no redelivery; one mailbox holds one file per id, so c's copy is
+    refused ``id_conflict`` (the bridge terms it and says so), and a's copy stays."""
+    client = broker.client()
+    client.register_endpoint(INBOX)
+    envelope = relayed()
+    assert client.ingest(envelope, [INBOX], node="a").delivered_to == 1
+    other = replace(envelope, payload={"content": "from c"})
+    refused = client.ingest(other, [INBOX], node="c")
+    assert (refused.delivered_to, refused.rejected) == (0, ((endpoint_hash(INBOX), "id_conflict"),))
+    again = client.ingest(envelope, [INBOX], node="a")  # a's own redelivery: a duplicate
+    assert (again.delivered_to, again.rejected) == (1, ())
+    (held,) = client.fetch(INBOX, wait=5)
+    assert (held.envelope.payload, held.envelope.relayed_from) == ({"content": "from a"}, "a")
 
 
 def test_an_ingest_advances_the_budget_it_travelled_with(broker):
@@ -125,8 +143,12 @@ def test_a_bridge_relays_only_the_senders_its_origin_node_may_speak_for(broker):
     wait_for(lambda: refused(relayed(), "c"), 10, what="auth.json to apply")
     assert refused(relayed(sender="relay.agent.b.someone"), "a")  # a speaking for b
     assert refused(relayed(reply_to="relay.agent.b.someone"), "a")
+    assert refused(relayed(reply_to=reply_inbox("relay.agent.b.someone", "0a1b")), "a")
     assert client.ingest(relayed(), [INBOX], node="a").delivered_to == 1
-    assert depth(client, INBOX) == 1
+    # a request's reply inbox is its sender's (sdk/replies.py): a relays it for a's agent
+    request = relayed(reply_to=reply_inbox(SENDER, "0a1b"))
+    assert client.ingest(request, [INBOX], node="a").delivered_to == 1
+    assert depth(client, INBOX) == 2
 
 
 def test_an_ingest_is_unavailable_while_the_endpoints_writer_is_down(broker):

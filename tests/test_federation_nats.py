@@ -5,17 +5,23 @@ far node exactly once, whatever is killed with -9 in the middle."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+import nats
 import pytest
 
+from edges import bridge_names as names
 from sdk.client import Client
-from sdk.types import Envelope, Signal, SignalType
+from sdk.errors import Timeout
+from sdk.subjects import inbox_sender
+from sdk.types import Envelope, Signal, SignalType, default_budget
 from tests.harness import Broker, wait_for, write_auth
 from tests.nats_cluster import NatsCluster
 
@@ -115,6 +121,71 @@ def test_a_message_from_a_reaches_a_consumer_on_b_and_the_reply_comes_back(nodes
     assert answers[0].budget.ancestor_chain == (B_AGENT, A_AGENT)
 
 
+def test_a_request_from_a_gets_the_reply_of_an_endpoint_on_b(nodes):
+    _, a, b = nodes
+    b.client.subscribe(B_AGENT, lambda m: b.client.reply(m, {"re": m.payload}, sender=B_AGENT))
+    reply = a.client.request(B_AGENT, "ping", sender=A_AGENT, timeout=60)
+    assert (reply.payload, reply.sender) == ({"re": "ping"}, B_AGENT)
+    assert inbox_sender(reply.subject) == A_AGENT  # stored in a's reply inbox, on a
+    request_id = reply.parent_id
+    assert reply.budget.ancestor_chain == (B_AGENT, reply.subject)
+    assert [c["endpointSubject"] for c in b.client.trace(request_id)["copies"]] == [B_AGENT]
+
+
+def test_a_reply_from_b_after_the_request_gave_up_is_a_late_reply_dead_letter_on_a(nodes):
+    _, a, b = nodes
+    with pytest.raises(Timeout):
+        a.client.request(B_AGENT, "first", sender=A_AGENT, timeout=5)
+    (first,) = b.client.fetch(B_AGENT, wait=60)
+    b.client.reply(first.envelope, "too late", sender=B_AGENT)
+    first.ack()
+    dead = wait_for(
+        lambda: [d for d in a.client.dead_letters() if d["code"] == "late_reply"],
+        60,
+        what="the late reply's dead letter on a",
+    )
+    assert len(dead) == 1
+    b.client.subscribe(B_AGENT, lambda m: b.client.reply(m, {"second": m.payload}, sender=B_AGENT))
+    reply = a.client.request(B_AGENT, "again", sender=A_AGENT, timeout=60)
+    assert reply.payload == {"second": "again"}
+
+
+def publish_as(cluster: NatsCluster, node: str, body: bytes, headers: dict[str, str]) -> None:
+    """Put a message into b's stream as node ``node``'s bridge would (no users here)."""
+
+    async def publish() -> None:
+        nc = await nats.connect(cluster.urls)
+        try:
+            await nc.jetstream(timeout=10).publish(
+                f"relay.fed.b.from.{node}", body, headers=headers
+            )
+        finally:
+            await nc.close()
+
+    asyncio.run(publish())
+
+
+def test_an_id_b_has_from_a_relayed_by_another_node_is_refused_there_and_said(nodes):
+    """De-duplication across hosts is by (origin node, id): node c relaying an id b
+    holds from a is no redelivery of a's message. b keeps a's copy and refuses c's
+    (id_conflict), and its bridge says so; JetStream does not drop c's message for the
+    id a used either, since a's part carried no de-duplication id."""
+    cluster, a, b = nodes
+    result = a.client.publish(B_AGENT, {"content": "from a"}, sender=A_AGENT)
+    assert dict(result.remote) == {"b": (B_AGENT,)}
+    wait_for(lambda: stored_on_b(b, result.message_id), 30, what="a's message on b")
+    now = int(time.time() * 1000)
+    envelope = Envelope(
+        result.message_id, B_AGENT, "relay.agent.c.carol", None, default_budget(now), now, "c"
+    )
+    body = names.encode_part({"subjects": [B_AGENT], "envelope": envelope.to_wire()})
+    publish_as(cluster, "c", body, {"Nats-Msg-Id": result.message_id})
+    wait_for(lambda: "id_conflict" in b.broker.log("bridge"), 30, what="b's bridge to say")
+    assert f"ingest of {result.message_id} from c: ack (id_conflict" in b.broker.log("bridge")
+    (held,) = b.client.fetch(B_AGENT, wait=10)
+    assert (held.envelope.payload, held.envelope.relayed_from) == ({"content": "from a"}, "a")
+
+
 def test_a_loop_from_a_to_b_and_back_is_stopped_by_the_budget(nodes):
     _, a, b = nodes
     replies: list = []
@@ -177,6 +248,10 @@ def burst_with_a_kill(a: Node, b: Node, kill) -> tuple[set[str], list[str]]:
     return acknowledged(futures), got
 
 
+def stored_on_b(b: Node, message_id: str) -> bool:
+    return any(c["endpointSubject"] == B_AGENT for c in b.client.trace(message_id)["copies"])
+
+
 def all_once(b: Node, acked: set[str], got: list[str]) -> None:
     """Every acknowledged message is stored on b (its index has the copy; what the
     consumer was handed is not the test: on a loaded machine a consumer's session can
@@ -184,10 +259,7 @@ def all_once(b: Node, acked: set[str], got: list[str]) -> None:
     stored: set[str] = set()
 
     def all_stored() -> bool:
-        for message_id in acked - stored:
-            copies = b.client.trace(message_id)["copies"]
-            if any(c["endpointSubject"] == B_AGENT for c in copies):
-                stored.add(message_id)
+        stored.update(m for m in acked - stored if stored_on_b(b, m))
         return stored == acked
 
     wait_for(all_stored, 120, what=f"every acknowledged message stored on b ({len(acked)})")

@@ -14,7 +14,7 @@ import pytest
 
 from sdk.client import Client
 from sdk.errors import InvalidConfig, InvalidMessage, RelayError
-from sdk.subjects import endpoint_hash
+from sdk.subjects import endpoint_hash, reply_inbox
 from sdk.types import Envelope
 from tests.harness import Broker, depth, wait_for
 
@@ -98,6 +98,37 @@ def test_a_message_reaches_a_consumer_on_another_node_and_its_reply_comes_back(t
         # the budget shrank once per delivery, whichever host delivered it
         assert answers[0].budget.hop_count == 2
         assert answers[0].budget.ancestor_chain == (B_AGENT, A_AGENT)
+    finally:
+        for hop in hops:
+            hop.close()
+
+
+def test_a_reply_goes_back_to_its_parents_node_and_there_only_to_its_reply_to(two):
+    """A request's reply inbox is advertised nowhere: b's router sends the reply to the
+    node the request came from (its stored copy's relayedFrom), for that address only;
+    a publish naming the same parent to another unadvertised subject of a is no_match."""
+    ca, cb, hops = joined(*two)
+    try:
+        wait_for(lambda: cb.status()["federation"]["connected"], what="the bridge on b")
+        inbox = reply_inbox(A_AGENT, "0a1b2c")
+        for subject in (inbox, "relay.agent.a.private"):
+            ca.register_endpoint(subject)  # on a, not advertised
+        request = ca.publish(B_AGENT, "ask", sender=A_AGENT, reply_to=inbox)
+        (held,) = cb.fetch(B_AGENT, wait=10)
+        assert (held.envelope.id, held.envelope.relayed_from) == (request.message_id, "a")
+        home = cb.reply(held.envelope, "answer", sender=B_AGENT)
+        assert (home.delivered_to, dict(home.remote)) == (1, {"a": (inbox,)})
+        (reply,) = ca.fetch(inbox, wait=10)
+        assert (reply.envelope.payload, reply.envelope.parent_id) == ("answer", request.message_id)
+        assert reply.envelope.relayed_from == "b"
+        aside = cb._call(
+            "publish",
+            subject="relay.agent.a.private",
+            payload="psst",
+            parentId=request.message_id,
+            **{"from": B_AGENT},
+        )
+        assert (aside["deliveredTo"], aside["rejected"]) == (0, [["*", "no_match"]])
     finally:
         for hop in hops:
             hop.close()

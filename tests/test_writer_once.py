@@ -5,6 +5,7 @@ the writer, which orders every store of its shard, is where a second copy is cau
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -19,14 +20,26 @@ from workers.writer import Writer
 SUBJECT = "relay.agent.b.inbox"
 
 
-def relayed(token: int, message_id: str, *, once: bool = True) -> proto.DeliveryHeader:
+def relayed(token: int, message_id: str, *, origin: str | None = "a") -> proto.DeliveryHeader:
+    """A copy relayed from node ``origin`` (None: a local copy)."""
     return proto.DeliveryHeader(
-        token, message_id, endpoint_hash(SUBJECT), SUBJECT, "relay.agent.a.x", 0, once=once
+        token,
+        message_id,
+        endpoint_hash(SUBJECT),
+        SUBJECT,
+        "relay.agent.a.x",
+        0,
+        relayed_from=origin,
     )
 
 
+def file_of(header: proto.DeliveryHeader) -> bytes:
+    """The file a router makes: a relayed copy says where it came from."""
+    return json.dumps({"id": header.id, "relayedFrom": header.relayed_from}).encode()
+
+
 def store(writer: Writer, results: zmq.Socket, *headers: proto.DeliveryHeader) -> list:
-    writer._process([proto.deliver([(h, b'{"id": "x"}') for h in headers])])
+    writer._process([proto.deliver([(h, file_of(h)) for h in headers])])
     kind, rows, _ = proto.decode(wait_for_stored(results))
     assert kind == proto.STORED
     return [proto.Stored(*row) for row in rows]
@@ -60,6 +73,34 @@ def test_a_local_copy_is_not_looked_up(shard_writer):
     copy with a known id (never sent by a router) is stored as told."""
     writer, results = shard_writer
     message_id = new_id(int(time.time() * 1000))
-    store(writer, results, relayed(1, message_id, once=False))
-    (again,) = store(writer, results, relayed(2, message_id, once=False))
+    store(writer, results, relayed(1, message_id, origin=None))
+    (again,) = store(writer, results, relayed(2, message_id, origin=None))
     assert again.stored_at is not None and again.code is None
+
+
+def test_an_id_stored_from_one_node_is_refused_from_another_and_kept_from_the_first(
+    shard_writer,
+):
+    """De-duplication is by (origin node, id): node c relaying an id a's copy has is
+    no duplicate of it (it would hide a's message, or c's); the endpoint holds one file
+    per id, so c's copy is refused ``id_conflict``, while a's again is already stored."""
+    writer, results = shard_writer
+    mailbox = writer._watch(endpoint_hash(SUBJECT))
+    message_id = new_id(int(time.time() * 1000))
+    (first,) = store(writer, results, relayed(1, message_id, origin="a"))
+    assert first.stored_at is not None
+    (other,) = store(writer, results, relayed(2, message_id, origin="c"))
+    assert (other.stored_at, other.code) == (None, proto.ID_CONFLICT)
+    assert "relayed from node a" in other.message
+    (again,) = store(writer, results, relayed(3, message_id, origin="a"))
+    assert (again.stored_at, again.code) == (None, proto.ALREADY_STORED)
+    assert json.loads(mailbox.read(message_id)[1])["relayedFrom"] == "a"
+
+
+def test_two_nodes_relaying_one_id_in_one_commit_store_the_first_only(shard_writer):
+    writer, results = shard_writer
+    mailbox = writer._watch(endpoint_hash(SUBJECT))
+    message_id = new_id(int(time.time() * 1000))
+    rows = store(writer, results, relayed(1, message_id, origin="c"), relayed(2, message_id))
+    assert [(r.token, r.code) for r in sorted(rows)] == [(1, None), (2, proto.ID_CONFLICT)]
+    assert json.loads(mailbox.read(message_id)[1])["relayedFrom"] == "c"

@@ -13,13 +13,16 @@ Router → writer, ``[kind, msgpack header]`` or ``[kind, header, data]``:
              decided in one pass over its socket, for this shard, in one frame (one
              send, one wake-up and one ZeroMQ part, not one per copy). A header is
              ``[token, id, endpoint, subject, sender, created_at, target, reason, code,
-             failed_at, once, parent_id]`` and its data the file bytes; target is ``new``, ``cur``
-             (stored claimed: the router picked a waiting consumer with credit for it,
-             and pushes it when ``stored`` comes back) or ``failed`` (a dead letter,
-             with the reason, code and time in its file). ``once``: a copy relayed from
-             another node, which JetStream may deliver again; the writer, the one
+             failed_at, relayed_from, parent_id]`` and its data the file bytes; target
+             is ``new``, ``cur`` (stored claimed: the router picked a waiting consumer
+             with credit for it, and pushes it when ``stored`` comes back) or
+             ``failed`` (a dead letter, with the reason, code and time in its file).
+             ``relayed_from``: for a copy relayed from another node (which JetStream
+             may deliver again), that node's name, else null; the writer, the one
              place that orders every store of its shard, stores it only if the
-             endpoint has no copy of this id, else answers ``already_stored``.
+             endpoint has no copy of this id; if it has one relayed from the same
+             node, it answers ``already_stored``, and ``id_conflict`` if the copy it
+             has came from elsewhere (one file per id in a mailbox).
              ``parent_id``: the envelope's parentId, for the index row (the writer
              does not parse the file it stores).
 ``claim``    ``[sub, id, endpoint, deliveries]``: claim for subscription ``sub``: move
@@ -64,7 +67,17 @@ TARGET_NEW = "new"
 TARGET_CUR = "cur"
 TARGET_FAILED = "failed"
 
-ALREADY_STORED = "already_stored"  # a `stored` code: a `once` copy the endpoint has
+ALREADY_STORED = "already_stored"  # a `stored` code: a relayed copy the endpoint has
+ID_CONFLICT = "id_conflict"  # a `stored` code: the endpoint has this id from elsewhere
+
+
+def id_conflict(message_id: str, node: str, where: str, stored_from: str | None) -> str:
+    """The sentence of an ``id_conflict``: ``where`` (an endpoint) holds a copy of
+    ``message_id`` that came from ``stored_from`` (None: published there), not ``node``."""
+    source = "published there" if stored_from is None else f"relayed from node {stored_from}"
+    return (
+        f"message {message_id} from node {node} not stored: {where} has a copy of that id {source}"
+    )
 
 
 # ---------------------------------------------------------------------- the records
@@ -85,7 +98,8 @@ class DeliveryHeader(NamedTuple):
     reason: str | None = None
     code: str | None = None
     failed_at: int | None = None
-    once: bool = False  # a relayed copy: not stored if the endpoint has this id already
+    # a relayed copy: the node it came from; not stored if the endpoint has this id
+    relayed_from: str | None = None
     parent_id: str | None = None  # the envelope's parentId (a reply), for the index row
 
 

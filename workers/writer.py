@@ -41,6 +41,7 @@ from sdk.errors import (
 from sdk.ids import is_id
 from sdk.paths import UNROUTABLE, Home, is_mailbox_name, shard_of
 from sdk.sockets import send_parts
+from sdk.types import relayed_from
 from workers import clock, ingest
 from workers import protocol as proto
 from workers.compaction import remove_archived
@@ -280,27 +281,43 @@ class Writer:
     def _not_stored_yet(
         self, deliveries: list[tuple[proto.DeliveryHeader, bytes]], results: list[proto.Stored]
     ) -> list[tuple[proto.DeliveryHeader, bytes]]:
-        """The deliveries to store: a ``once`` copy (relayed from another node) whose
-        endpoint has this id already, in its index or earlier in this batch, is answered
-        ``already_stored`` instead. The router's own check misses a copy whose writer
-        answered after the publish deadline; this one, in the process that orders the
-        shard's stores, misses nothing."""
+        """The deliveries to store. A copy relayed from another node whose endpoint has
+        this id already, in its index or earlier in this batch, is not: it is answered
+        ``already_stored`` when that copy came from the same node (JetStream delivered it
+        again), ``id_conflict`` when from elsewhere (another node cannot hide a message
+        by relaying its id first, nor have its own counted as stored; a mailbox holds
+        one file per id). The router's own check misses a copy whose writer answered
+        after the publish deadline; this one, in the process that orders the shard's
+        stores, misses nothing."""
         kept: list[tuple[proto.DeliveryHeader, bytes]] = []
-        seen: set[tuple[str, str]] = set()
+        seen: dict[tuple[str, str], str | None] = {}  # (id, endpoint) -> its origin
         for h, data in deliveries:
-            if h.once:  # a local copy's id is new: it costs no lookup
-                key = (h.id, h.endpoint)
-                if key in seen or self.index.has(*key):
-                    message = f"message {h.id} is already in endpoint {h.endpoint}"
-                    results.append(
-                        proto.Stored(
-                            h.token, h.id, h.endpoint, None, proto.ALREADY_STORED, message, h.target
-                        )
-                    )
-                    continue
-                seen.add(key)
-            kept.append((h, data))
+            origin = h.relayed_from
+            if origin is None:  # a local copy's id is new: it costs no lookup
+                kept.append((h, data))
+                continue
+            key = (h.id, h.endpoint)
+            if key not in seen and not self.index.has(*key):
+                seen[key] = origin
+                kept.append((h, data))
+                continue
+            stored_from = seen[key] if key in seen else self._origin_of(h.endpoint, h.id, origin)
+            if stored_from == origin:
+                code, message = proto.ALREADY_STORED, f"message {h.id} is already in {h.endpoint}"
+            else:
+                code = proto.ID_CONFLICT
+                message = proto.id_conflict(h.id, origin, f"endpoint {h.endpoint}", stored_from)
+            results.append(proto.Stored(h.token, h.id, h.endpoint, None, code, message, h.target))
         return kept
+
+    def _origin_of(self, endpoint: str, message_id: str, unknown: str) -> str | None:
+        """The node the stored copy of ``message_id`` came from (its file says), or
+        ``unknown`` when the file cannot be read (taken as a redelivery, as before
+        the origin counted)."""
+        try:
+            return relayed_from(self.mailboxes[endpoint].read(message_id)[1])
+        except (RelayError, OSError, ValueError, KeyError):
+            return unknown
 
     def _unclaim(self, stored_claimed: list[tuple[str, str]]) -> None:
         """Copies stored claimed in a commit that failed: nobody will be told of them, so

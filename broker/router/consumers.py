@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from broker.auth import AuthPolicy, Identity
+from broker.delegation import acting_identity
 from broker.sublist import Sublist
+from sdk.errors import RelayError
 from sdk.subjects import INBOX
 
 SESSION_TIMEOUT_MS = 5_000  # the default of config delivery.sessionTimeoutMs
@@ -73,6 +75,9 @@ class Subscription:
     credit: int
     inflight: int = 0
     ack_wait: int | None = None  # ms, for what it is handed
+    # The identity it was made for (a delegated request's actingFor); None: the
+    # connection's own. Its rights are checked again when auth.json changes.
+    acting: str | None = None
     # A fetch: what it was handed so far (id, endpoint, deliveries, file bytes), and
     # the time its wait ends.
     fetched: list[tuple[str, str, int, bytes]] = field(default_factory=list)
@@ -90,8 +95,10 @@ class Session:
     last_seen: int
     user: str | None = None  # the ZAP user id its connection was admitted with
     # What auth.json grants that user, looked up afresh for each frame (the file may
-    # change under an open connection); the operations check it.
+    # change under an open connection); the operations check it. While a request that
+    # names another identity (actingFor) runs, that identity's, and ``acting`` its user id.
     who: Identity | None = None
+    acting: str | None = None
     subs: set[int] = field(default_factory=set)
     batches: bool = False  # asked (hello/ping "batch": true) for its replies batched
     # The token a client presents when it connects again (`resume`); secret enough
@@ -180,10 +187,13 @@ class Consumers:
         credit: int,
         now_ms: int,
         ack_wait: int | None = None,
+        acting: str | None = None,
     ) -> Subscription:
         session = self.sessions.get(identity) or self.touch(identity, now_ms)
         session.last_seen = now_ms
-        sub = Subscription(self._next_sub, identity, pattern, mode, credit, ack_wait=ack_wait)
+        sub = Subscription(
+            self._next_sub, identity, pattern, mode, credit, ack_wait=ack_wait, acting=acting
+        )
         self._next_sub += 1
         self.subs[sub.id] = sub
         session.subs.add(sub.id)
@@ -217,19 +227,24 @@ class Consumers:
         session.unacked = {}
         return session
 
-    def end_beyond_rights(self, policy: AuthPolicy) -> list[tuple[Subscription, str]]:
+    def end_beyond_rights(self, policy: AuthPolicy, now_ms: int) -> list[tuple[Subscription, str]]:
         """End the subscriptions whose client may no longer receive what they cover
-        (auth.json narrowed, or its credentials revoked): pushes stop at once, not at
-        the next subscribe. Messages already pushed stay held (ack them as usual); the
-        client learns at its next heartbeat. Returns each ended one with who held it."""
+        (auth.json narrowed, or its credentials revoked; for one made acting for another
+        identity, that identity's rights and the delegation itself): pushes stop at
+        once, not at the next subscribe. Messages already pushed stay held (ack them as
+        usual); the client learns at its next heartbeat. Returns each ended one with
+        who held it."""
         ended = []
         for session in list(self.sessions.values()):
-            who = policy.identity(session.user)
             for sub_id in sorted(session.subs):
                 sub = self.subs[sub_id]
+                try:
+                    who, _ = acting_identity(policy, session.user, sub.acting, now_ms)
+                except RelayError:
+                    who = None
                 if who is None or not who.may_consume(sub.pattern):
                     self.unsubscribe(sub_id)
-                    ended.append((sub, who.name if who else str(session.user)))
+                    ended.append((sub, who.name if who else str(sub.acting or session.user)))
         return ended
 
     def expired(self, now_ms: int) -> list[bytes]:

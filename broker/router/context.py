@@ -113,6 +113,17 @@ def checked_sender(session: Session, sender: str) -> str:
     return sender
 
 
+def checked_reply_to(session: Session, reply_to: str) -> str:
+    """``replyTo`` checked like ``from``, except that the reply inbox of a sender the
+    connection may use (``_INBOX.<sender>.<nonce>``, `request()`'s) is allowed too: a
+    restricted identity may ask and be answered, never point replies elsewhere."""
+    validate(reply_to)
+    who = session.who
+    if who is not None and who.owns_inbox(reply_to):
+        return reply_to
+    return checked_sender(session, reply_to)
+
+
 def may_receive(session: Session, pattern: str, *, operator_too: bool = True) -> bool:
     """Whether this connection may receive the messages of the endpoints ``pattern``
     can match (auth.json ``consumes``); operators may read (not subscribe to) all."""

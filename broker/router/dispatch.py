@@ -2,8 +2,10 @@
 
 The frame is decoded (one request or a batch), its connection's rights looked up afresh
 (auth.json may have changed since it was admitted), and each request run through the
-table of operations (broker/router/operations.py): the operation's name, then operator
-rights, then its fields (a typed request), then the operation itself. Every answer,
+table of operations (broker/router/operations.py): the operation's name, then the
+identity it is judged by (the connection's, or the one it names in ``actingFor`` when
+the connection may delegate: broker/delegation.py), then operator rights, then its
+fields (a typed request), then the operation itself. Every answer,
 error or not, joins the client's replies; a `WriterWork` goes to ``send_work`` (the
 loop, which owns the writers' sockets).
 """
@@ -14,6 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from broker.delegation import ACTING_FOR, acting_identity
 from broker.router.consumers import Session
 from broker.router.context import DEFERRED, Context, WriterWork, now_ms
 from broker.router.operations import OPERATIONS
@@ -82,11 +85,19 @@ def _run(ctx: Context, session: Session, request: wire.Request, send_work: SendW
     operation = OPERATIONS.get(request.op)
     if operation is None:
         raise UnknownOperation(f"unknown operation {request.op!r:.60}")
-    who = session.who
-    if operation.admin and not (who and who.admin):
-        name = who.name if who else session.user
-        raise NotAuthorized(f"{request.op!r} needs operator rights; {name} has none")
-    result = operation.run(ctx, session, operation.decode(request.body), request.rid)
-    if isinstance(result, WriterWork):
-        return send_work(session, request.rid, result)
-    return result
+    own, named = session.who, request.body.get(ACTING_FOR)
+    if named is not None:  # for this request only: the operations judge `session.who`
+        session.who, session.acting = acting_identity(
+            ctx.settings.auth, session.user, named, now_ms()
+        )
+    try:
+        who = session.who
+        if operation.admin and not (who and who.admin):
+            name = who.name if who else session.user
+            raise NotAuthorized(f"{request.op!r} needs operator rights; {name} has none")
+        result = operation.run(ctx, session, operation.decode(request.body), request.rid)
+        if isinstance(result, WriterWork):
+            return send_work(session, request.rid, result)
+        return result
+    finally:
+        session.who, session.acting = own, None

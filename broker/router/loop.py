@@ -440,7 +440,7 @@ class Router:
             return
         if before - policy.users:
             self.public.rebind_signals()
-        for sub, name in self.ctx.consumers.end_beyond_rights(policy):
+        for sub, name in self.ctx.consumers.end_beyond_rights(policy, now_ms()):
             log.warning(
                 "subscription %d to %r ended: %s may no longer receive it (%s)",
                 sub.id,

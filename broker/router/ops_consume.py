@@ -93,7 +93,7 @@ def subscribe(ctx: Context, session: Session, req: Subscribe, rid: int) -> Any:
             f"the limit is {limits['maxSubscriptionsPerClient']}"
         )
     sub = ctx.consumers.subscribe(
-        session.identity, req.pattern, req.mode, credit, now_ms(), req.ack_wait
+        session.identity, req.pattern, req.mode, credit, now_ms(), req.ack_wait, session.acting
     )
     if req.mode != cons.CONSUME:
         return {"sub": sub.id}
@@ -112,7 +112,7 @@ def fetch(ctx: Context, session: Session, req: Fetch, rid: int) -> Any:
         raise LimitExceeded(f"batch {req.batch} exceeds the maximum of {limit}")
     now = now_ms()
     sub = ctx.consumers.subscribe(
-        session.identity, req.pattern, cons.FETCH, req.batch, now, req.ack_wait
+        session.identity, req.pattern, cons.FETCH, req.batch, now, req.ack_wait, session.acting
     )
     sub.fetch_rid, sub.wait_until = rid, now + req.wait
     ctx.ledger.subscribed(sub, sorted(ctx.directory.matching(req.pattern)))

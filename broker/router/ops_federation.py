@@ -2,12 +2,15 @@
 parts (relay_take, relayed, remote_endpoints, and the publish's remote planning), and
 ingest, the far node's side of a message relayed from another host.
 
-An ingest is a publish *with a given id*: the id the message got on its origin node,
-which is also JetStream's de-duplication id. JetStream delivers at least once (a bridge
-killed between the router's answer and its ack gets the message again), so an ingest is
-idempotent per endpoint: an endpoint whose index already has this id counts as
-delivered and is not written again, and an ingest of an id whose copies are still on
-their way to the writers is answered ``unavailable`` (the bridge retries later). The
+An ingest is a publish *with a given id*: the id the message got on its origin node.
+JetStream delivers at least once (a bridge killed between the router's answer and its
+ack gets the message again), so an ingest is idempotent per endpoint and origin node:
+an endpoint whose index already has this id, relayed from the same node, counts as
+delivered and is not written again; one whose copy of this id came from elsewhere
+refuses it (``id_conflict``: one file per id in a mailbox, and no node may hide
+another's message by relaying its id first); an ingest of an id whose copies are
+still on their way to the writers is answered ``unavailable`` (the bridge retries
+later). Each stored copy says the node it came from (``relayedFrom`` in its file). The
 index is the writers' record of what is durable, read here before anything is planned;
 a shard whose writer is not up cannot be read that way (its index is rebuilt at the
 writer's start), so an ingest that touches it is ``unavailable`` too.
@@ -24,7 +27,14 @@ from __future__ import annotations
 from typing import Any
 
 from broker.budget import clamp
-from broker.publish import PublishPlan, PublishRequest, Refusal, encode_payload, plan_publish
+from broker.publish import (
+    Copy,
+    PublishPlan,
+    PublishRequest,
+    Refusal,
+    encode_payload,
+    plan_publish,
+)
 from broker.router.consumers import Session
 from broker.router.context import DEFERRED, Context, now_ms
 from broker.router.federation import HeldTake
@@ -32,17 +42,20 @@ from broker.router.ops_publish import publish_result, queue_writes, target_gate
 from broker.router.remote_parts import alive, settle
 from broker.router.requests import Ingest, Relayed, RelayTake, RemoteEndpoints
 from sdk import wire
-from sdk.errors import NotAuthorized, SenderNotAllowed, Unavailable
+from sdk.errors import NotAuthorized, RelayError, SenderNotAllowed, Unavailable
 from sdk.paths import UNROUTABLE, shard_of
-from sdk.types import EndpointInfo
+from sdk.subjects import inbox_sender
+from sdk.types import EndpointInfo, relayed_from
+from workers.protocol import ID_CONFLICT, id_conflict
+from workers.records import MessageRecord
 
 
 def ingest(ctx: Context, session: Session, req: Ingest, rid: int) -> Any:
     now = now_ms()
     envelope = req.envelope
     _check_relay(session, req.node, envelope.sender)
-    if envelope.reply_to is not None:
-        _check_relay(session, req.node, envelope.reply_to)
+    if envelope.reply_to is not None:  # a request's reply inbox is its sender's
+        _check_relay(session, req.node, inbox_sender(envelope.reply_to) or envelope.reply_to)
     if ctx.jobs.storing(envelope.id):
         raise Unavailable(f"message {envelope.id} is being stored; ask again when it is")
     targets = [ctx.directory.by_subject[s] for s in req.subjects if s in ctx.directory]
@@ -50,11 +63,14 @@ def ingest(ctx: Context, session: Session, req: Ingest, rid: int) -> Any:
         shard = shard_of(endpoint, ctx.shards)
         if not ctx.writers.is_up(shard):
             raise Unavailable(f"the writer of shard {shard} is not up; ask again later")
-    stored = {record.endpoint for record in ctx.indexes.copies_of(envelope.id)}
-    fresh = [t for t in targets if t.hash not in stored]
-    already = len(targets) - len(fresh)
-    if not fresh and (already or UNROUTABLE in stored):
-        return publish_result(ctx, envelope.id, PublishPlan(()), {}, already=already)
+    stored = {record.endpoint: record for record in ctx.indexes.copies_of(envelope.id)}
+    if not targets and UNROUTABLE in stored:  # its no_match dead letter is made
+        unroutable = EndpointInfo(envelope.subject, UNROUTABLE, "", 0)
+        _, conflicts, _ = _not_stored(ctx, req.node, [unroutable], stored)
+        return publish_result(ctx, envelope.id, PublishPlan(conflicts), {})
+    fresh, conflicts, already = _not_stored(ctx, req.node, targets, stored)
+    if not fresh and (already or conflicts):
+        return publish_result(ctx, envelope.id, PublishPlan(conflicts), {}, already=already)
     payload_json = encode_payload(envelope.payload, ctx.config["limits"]["maxPayloadBytes"])
     request = PublishRequest(
         envelope.id,
@@ -66,15 +82,52 @@ def ingest(ctx: Context, session: Session, req: Ingest, rid: int) -> Any:
         payload_json,
         envelope.parent_id,
         envelope.republished_from,
+        relayed_from=req.node,
     )
 
     def gate(target: EndpointInfo) -> tuple[Refusal | None, bool]:
         return target_gate(ctx, target, envelope.sender, now)
 
     plan = plan_publish(request, fresh, ctx.settings.rules, payload_json, now, gate)
+    plan = PublishPlan(plan.copies + conflicts)
     if not plan.writes:
         return publish_result(ctx, envelope.id, plan, {}, already=already)
-    return queue_writes(ctx, session, rid, plan, request, now, already=already, relayed=True)
+    return queue_writes(ctx, session, rid, plan, request, now, already=already)
+
+
+def _not_stored(
+    ctx: Context, node: str, targets: list[EndpointInfo], stored: dict[str, MessageRecord]
+) -> tuple[list[EndpointInfo], tuple[Copy, ...], int]:
+    """Which targets to store an ingest's copy in, keyed by (origin node, id): (the
+    targets without this id; a refusal ``id_conflict`` for each whose copy of this id
+    came from another node or was published here, since a mailbox holds one file per
+    id; how many have it from ``node`` already, a redelivery counted as delivered).
+    Reads the file of each copy found, which only a redelivery or a conflict has."""
+    fresh: list[EndpointInfo] = []
+    conflicts: list[Copy] = []
+    already = 0
+    for target in targets:
+        record = stored.get(target.hash)
+        if record is None:
+            fresh.append(target)
+            continue
+        origin = _origin_of(ctx, record, node)
+        if origin == node:
+            already += 1
+            continue
+        refusal = Refusal(ID_CONFLICT, id_conflict(record.id, node, target.subject, origin))
+        conflicts.append(Copy(target.hash, target.subject, b"", refusal=refusal))
+    return fresh, tuple(conflicts), already
+
+
+def _origin_of(ctx: Context, record: MessageRecord, unknown: str) -> str | None:
+    """The node a stored copy came from, as its file says; ``unknown`` when the file
+    cannot be read (compacted meanwhile: taken as a redelivery, as before the origin
+    counted)."""
+    try:
+        return relayed_from(ctx.indexes.read_copy(record))
+    except (RelayError, OSError, ValueError):
+        return unknown
 
 
 def _check_relay(session: Session, node: str, sender: str) -> None:

@@ -10,6 +10,7 @@ have reported each copy durable or failed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -18,7 +19,13 @@ from broker.publish import PublishPlan, PublishRequest, Refusal, encode_payload,
 from broker.rejections import RATE_LIMITED
 from broker.router import remote_parts as remote
 from broker.router.consumers import Session
-from broker.router.context import DEFERRED, Context, checked_sender, now_ms
+from broker.router.context import (
+    DEFERRED,
+    Context,
+    checked_reply_to,
+    checked_sender,
+    now_ms,
+)
 from broker.router.jobs import Job
 from broker.router.requests import Publish, SendSignal
 from sdk.errors import AccessDenied, NotAuthorized, RelayError, SenderNotAllowed
@@ -35,9 +42,10 @@ def publish(ctx: Context, session: Session, req: Publish, rid: int) -> Any:
     now = now_ms()
     sender = checked_sender(session, req.sender)
     # Replies go out under the consumer's name: only to where we may send.
-    reply_to = None if req.reply_to is None else checked_sender(session, req.reply_to)
+    reply_to = None if req.reply_to is None else checked_reply_to(session, req.reply_to)
     payload_json = encode_payload(req.payload, ctx.config["limits"]["maxPayloadBytes"])
-    budget = _budget(ctx, req, sender, now)
+    parent = None if req.parent_id is None else _parent_copy(ctx, req.parent_id, sender)
+    budget = _budget(ctx, req, parent, now)
     message_id = new_id(now)
     verdict = ctx.reliability.rate(sender, now)
     if verdict is not None:  # before fan-out; nothing is written
@@ -58,7 +66,8 @@ def publish(ctx: Context, session: Session, req: Publish, rid: int) -> Any:
         return target_gate(ctx, target, sender, now)
 
     local = ctx.directory.targets(req.subject)
-    parts, refused = remote.plan_remote(ctx, request, now)
+    back_to = None if local else _reply_route(parent, req.subject)
+    parts, refused = remote.plan_remote(ctx, request, now, back_to)
     if local or not (parts or refused):  # no match anywhere: the _unroutable dead letter
         plan = plan_publish(request, local, ctx.settings.rules, payload_json, now, gate)
     else:
@@ -80,13 +89,13 @@ def queue_writes(
     now: int,
     *,
     already: int = 0,
-    relayed: bool = False,
     remote_parts: tuple[Any, dict[str, tuple[str, ...]], list[tuple[str, str, str]]] | None = None,
 ) -> Any:
     """Queue a plan's copies for the writers under one job, answered (DEFERRED) when each
     is durable or failed. ``already``: copies found stored before (an ingest), counted
-    as delivered; ``relayed``: an ingest's copies, which the writers store only where
-    the id is not stored yet (JetStream may deliver one twice). ``remote_parts``:
+    as delivered. An ingest's copies (``request.relayed_from``) are stored by the
+    writers only where the id is not stored yet (JetStream may deliver one twice).
+    ``remote_parts``:
     (payload, parts by node, remote copies refused) of a publish that reaches other
     nodes, handed to the bridge under the same job."""
     message_id, sender = request.message_id, request.sender
@@ -127,7 +136,7 @@ def queue_writes(
             reason=dead.reason if dead else None,
             code=dead.code if dead else None,
             failed_at=dead.failed_at if dead else None,
-            once=relayed,
+            relayed_from=request.relayed_from,
             parent_id=request.parent_id,
         )
         job.copies[copy.endpoint] = copy
@@ -136,24 +145,24 @@ def queue_writes(
     return DEFERRED
 
 
-def _budget(ctx: Context, req: Publish, sender: str, now: int) -> Budget:
+def _budget(ctx: Context, req: Publish, parent: dict[str, Any] | None, now: int) -> Budget:
     """The budget a publish travels with. Budgets never grow: a reply naming its
     parent (``parentId``) sent by the endpoint the parent was delivered to carries
     the parent's stored budget, whatever the client sent; any other client budget is
     clamped to the configured maxima; none at all gets the defaults."""
-    if req.parent_id is not None:
-        inherited = _stored_budget(ctx, req.parent_id, sender)
-        if inherited is not None:
-            return inherited
+    if parent is not None:
+        with contextlib.suppress(RelayError, KeyError, TypeError):
+            return Budget.from_wire(parent["budget"])
     if req.budget is None:
         return default_budget(now)
     return clamp(Budget.from_wire(req.budget), now, ctx.config["budget"])
 
 
-def _stored_budget(ctx: Context, message_id: str, endpoint_subject: str) -> Budget | None:
-    """The budget of the parent's copy delivered to the replier's endpoint, read from its
-    file, found through its index row: one lookup and one read, never a listing of
-    cur/ (the router's loop must not do I/O that grows with history)."""
+def _parent_copy(ctx: Context, message_id: str, endpoint_subject: str) -> dict[str, Any] | None:
+    """The parent's copy delivered to the replier's endpoint (its file's JSON), found
+    through its index row: one lookup and one read, never a listing of cur/ (the
+    router's loop must not do I/O that grows with history). None when there is none:
+    the sender is not an endpoint the parent reached, or the copy was compacted."""
     info = ctx.directory.by_subject.get(endpoint_subject)
     if info is None:
         return None
@@ -161,9 +170,22 @@ def _stored_budget(ctx: Context, message_id: str, endpoint_subject: str) -> Budg
     if record is None:
         return None
     try:
-        return Budget.from_wire(json.loads(ctx.indexes.read_copy(record))["budget"])
-    except (RelayError, OSError, ValueError, KeyError, TypeError):
-        return None  # compacted, or not a Relay envelope
+        parent = json.loads(ctx.indexes.read_copy(record))
+    except (RelayError, OSError, ValueError):
+        return None
+    return parent if isinstance(parent, dict) else None
+
+
+def _reply_route(parent: dict[str, Any] | None, subject: str) -> str | None:
+    """The node a reply goes back to when no endpoint here has its subject: the node
+    its parent was relayed from, if the reply goes to the parent's own ``replyTo``
+    (a request's reply inbox on that node, which no directory lists;
+    docs/federation.md, "Replies across hosts"). Only that address: a parent does not
+    open a way to any other endpoint of its node."""
+    if parent is None or parent.get("replyTo") != subject:
+        return None
+    origin = parent.get("relayedFrom")
+    return origin if isinstance(origin, str) else None
 
 
 def target_gate(

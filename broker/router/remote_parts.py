@@ -17,14 +17,22 @@ from sdk.subjects import endpoint_hash
 
 
 def plan_remote(
-    ctx: Context, request: PublishRequest, now: int
+    ctx: Context, request: PublishRequest, now: int, back_to: str | None = None
 ) -> tuple[dict[str, tuple[str, ...]], list[tuple[str, str, str]]]:
     """The remote parts of a publish: far node -> its endpoint subjects this publish may
     reach, and the remote copies refused here ((endpoint hash, reason, sentence): access
     rules and budgets are checked on the sending node too; no dead letter is kept for
-    them, having no mailbox here). ``unavailable`` when no bridge is connected."""
+    them, having no mailbox here). ``unavailable`` when no bridge is connected.
+    ``back_to``: a reply's way home, the node its parent came from, which has the
+    reply's subject whether or not it advertises it (ops_publish, `_reply_route`)."""
     fed = ctx.federation
     by_node = fed.targets(request.subject, ctx.directory.__contains__)
+    if (
+        back_to is not None
+        and back_to != fed.node
+        and request.subject not in by_node.get(back_to, ())
+    ):
+        by_node.setdefault(back_to, []).append(request.subject)
     parts: dict[str, tuple[str, ...]] = {}
     refused: list[tuple[str, str, str]] = []
     connected = fed.connected(now)

@@ -69,7 +69,10 @@ def stored(ctx: Context, rows: list[proto.Stored], now: int) -> list[Push]:
         # A relayed copy the endpoint had already is delivered, and the endpoint's
         # ledger knows it from its first store.
         durable = row.stored_at is not None or row.code == proto.ALREADY_STORED
-        ctx.reliability.outcome(copy, success=durable, now=now)
+        if row.code == proto.ID_CONFLICT:  # the endpoint is fine: the sender is not
+            ctx.reliability.never_tried(copy)
+        else:
+            ctx.reliability.outcome(copy, success=durable, now=now)
         job.outcomes[row.endpoint] = None if durable else (row.code, row.message)
         _answered(ctx, row.token, job)
     return pushes

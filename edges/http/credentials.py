@@ -1,12 +1,7 @@
-"""Who is asking: bearer tokens as auth.json holds them, and the uid behind a loopback
-connection. Pure except `read_socket_tables`.
+"""Who is asking without a token: the uid behind a loopback connection (bearer tokens
+are edges/tokens.py). Pure except `connection_owner` and `read_socket_tables`.
 
-Tokens. A token belongs to a CURVE key identity of auth.json, which keeps only its
-SHA-256 (``"tokens": ["sha256:<hex>"]`` in the key's entry): the gateway acts for the
-token's bearer by connecting to the router with that key, so the router judges every
-request against that identity's sender and receive rights, as for any client.
-
-Loopback. With no token configured, a request without one is served only when it comes
+With no token configured, a request without one is served only when it comes
 over loopback from the data directory's owner: the kernel names the uid that owns the
 client's end of the connection. It is asked with one sock_diag netlink request for
 that exact socket (about 25 us; what `ss` uses), else read from /proc/net/tcp and tcp6
@@ -16,48 +11,11 @@ on every request).
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
-import secrets
 import socket
 import struct
 import sys
 from collections.abc import Iterable, Mapping
-from typing import Any
-
-TOKEN_PREFIX = "relay_"
-HASH_PREFIX = "sha256:"
-
-
-def new_token() -> str:
-    """A fresh bearer token: 256 random bits, with a prefix that says what it is."""
-    return TOKEN_PREFIX + secrets.token_urlsafe(32)
-
-
-def token_hash(token: str) -> str:
-    """What auth.json keeps of a token (never the token itself)."""
-    return HASH_PREFIX + hashlib.sha256(token.encode("utf-8")).hexdigest()
-
-
-def tokens_by_hash(auth: Mapping[str, Any]) -> dict[str, str]:
-    """token hash -> the public key (Z85) of the identity it belongs to, from a parsed
-    auth.json (already validated by broker.auth.AuthPolicy.from_json)."""
-    found: dict[str, str] = {}
-    for public_key, entry in auth.get("keys", {}).items():
-        for digest in entry.get("tokens", []):
-            found[digest] = public_key
-    return found
-
-
-def bearer_token(authorization: str | None) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` header, else None."""
-    if not authorization:
-        return None
-    scheme, _, token = authorization.strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip()
-
 
 # ---------------------------------------------------------------------- loopback peers
 

@@ -1,49 +1,42 @@
 """The gateway's state: who a request acts for, and one SDK client per identity.
 
 The gateway is a client of the router, never a second judge. Each identity it acts for
-has its own connection to the router, authenticated as that identity:
+has its own connection to the router, made with the gateway's own credentials:
 
 - the **owner** (no token; loopback, the data directory's uid, and only while auth.json
   holds no token): the gateway's own connection, as `relay` commands make it (ipc://,
   or tcp:// with ``--key-file``);
-- a **token**'s bearer: a connection made with the CURVE key the token belongs to
-  (auth.json ``keys``, the certificate in ``<home>/keys``), so the router applies that
-  key's sender and receive rights, admin or not, to every request. This needs the router
-  on tcp:// (CURVE); on ipc:// the router can only tell uids apart.
+- a **token**'s bearer: a connection whose every request names the token's identity
+  (``actingFor``, broker/delegation.py), so the router applies that identity's sender,
+  receive and operator rights, as for any client. The gateway's own identity needs the
+  delegation right (the owner has it); the router may be on ipc:// or tcp://.
 
-Clients are made on first use and kept; one whose key has left auth.json is closed.
+Clients are made on first use and kept; one whose identity has no good token left
+(removed, or expired) is closed.
 
 Each identity's inbox reads fetch (the SDK's `fetch`, with the gateway's ack deadline)
 and the messages they return are held in edges.held until the HTTP client acks or
-nacks them by id, with the router's confirmed answers.
+nacks them by id, with the router's confirmed answers. Claims made for an identity
+belong to its connection: docs/security.md, "Delegation".
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-from broker.auth import AuthPolicy
 from edges.held import DEFAULT_ACK_WAIT_S, HeldMessages
-from edges.http.credentials import (
-    bearer_token,
-    connection_owner,
-    is_loopback,
-    token_hash,
-    tokens_by_hash,
-)
-from edges.http.errors import HttpError, unauthenticated
+from edges.http.credentials import connection_owner, is_loopback
+from edges.http.errors import unauthenticated
 from edges.http.sse import HUB_LINGER_S, ObserverHub
+from edges.tokens import AuthFile, bearer_token, now_ms
 from sdk.aio import AsyncClient, AsyncMessage
 from sdk.client import connect
-from sdk.curve import load_secret
-from sdk.errors import EndpointNotFound, InvalidState, RelayError, Unavailable
+from sdk.errors import EndpointNotFound, InvalidState
 from sdk.paths import Home
 
 log = logging.getLogger("relay.http")
@@ -54,14 +47,14 @@ INBOX_WINDOW = 16  # messages held per identity and endpoint, at most
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Whom a request acts for: the owner, or the CURVE key a token belongs to."""
+    """Whom a request acts for: the owner, or the identity a token belongs to."""
 
     name: str
-    key: str | None = None  # the Z85 public key; None for the owner
+    user: str | None = None  # its user id ("key:<z85>"), named in actingFor; None: owner
 
     @property
     def id(self) -> str:
-        return self.key or OWNER
+        return self.user or OWNER
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,44 +63,6 @@ class Peer:
 
     client: tuple[str, int] | None
     server: tuple[str, int] | None
-
-
-@dataclass
-class AuthFile:
-    """auth.json as last read, re-read when it changes: `relay auth` replaces the file
-    (a new inode), an editor may rewrite it (mtime, size)."""
-
-    path: Path
-    owner_uid: int
-    stamp: tuple[int, int, int] | None = None
-    tokens: dict[str, str] = field(default_factory=dict)  # token hash -> public key
-    names: dict[str, str] = field(default_factory=dict)  # public key -> name
-    # Why the file was refused when no good one had been read: nobody is served then,
-    # not even the owner without a token (the file may have listed tokens).
-    refused: str | None = None
-
-    def refresh(self) -> None:
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            self.stamp, self.tokens, self.names, self.refused = None, {}, {}, None
-            return
-        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-        if stamp == self.stamp:
-            return
-        try:
-            data = json.loads(self.path.read_text())
-            AuthPolicy.from_json(data, self.owner_uid)
-        except (OSError, ValueError, RelayError) as exc:
-            # As the router does: a broken file changes nothing; the last good one holds.
-            log.error("auth.json refused, keeping the tokens read before: %s", exc)
-            if self.stamp is None or self.refused is not None:
-                self.refused = str(exc)
-            self.stamp = stamp
-            return
-        self.stamp, self.refused = stamp, None
-        self.tokens = tokens_by_hash(data)
-        self.names = {k: e.get("name", k) for k, e in data.get("keys", {}).items()}
 
 
 class Gateway:
@@ -132,7 +87,6 @@ class Gateway:
         self.auth = AuthFile(home.auth_file, home.owner_uid)
         self._sessions: dict[str, IdentityConnection] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
-        self._secrets: dict[str, Path] = {}  # public key -> its .key_secret in <home>/keys
 
     # ------------------------------------------------------------------ who is asking
 
@@ -140,16 +94,16 @@ class Gateway:
         self, authorization: str | None, peer: Peer, token: str | None = None
     ) -> Principal:
         """Whom this request acts for; `HttpError` 401 when nobody."""
-        self.auth.refresh()
+        book = self.auth.refresh()
         if self.auth.refused is not None:
             raise unauthenticated(f"auth.json is refused, so nobody is served: {self.auth.refused}")
         token = bearer_token(authorization) or token
         if token is not None:
-            key = self.auth.tokens.get(token_hash(token))
-            if key is None:
-                raise unauthenticated("unknown or revoked bearer token")
-            return Principal(self.auth.names.get(key, key), key)
-        if self.auth.tokens:
+            bearer = book.verify(token, now_ms())
+            if bearer is None:
+                raise unauthenticated("unknown, expired or revoked bearer token")
+            return Principal(bearer.name, bearer.user)
+        if book.configured:
             raise unauthenticated(
                 "a bearer token is needed (Authorization: Bearer <token>): auth.json lists tokens"
             )
@@ -183,53 +137,28 @@ class Gateway:
         return found
 
     def _connect(self, principal: Principal) -> Any:
-        if principal.key is None:
-            return connect(
-                self.home.root,
-                address=self.address,
-                timeout=self.timeout,
-                key_file=self.key_file,
-                server_key=self.server_key,
-            )
-        if not self.address.startswith("tcp://"):
-            raise Unavailable(
-                f"token {principal.name!r} needs the router on tcp:// (CURVE keys tell "
-                f"identities apart there); it listens on {self.address}"
-            )
         return connect(
             self.home.root,
             address=self.address,
             timeout=self.timeout,
-            key_file=self._secret_file(principal.key),
+            key_file=self.key_file,
             server_key=self.server_key,
+            acting_for=principal.user,
         )
 
-    def _secret_file(self, public_key: str) -> Path:
-        if public_key not in self._secrets:
-            for path in sorted(self.home.keys.glob("*.key_secret")):
-                with contextlib.suppress(RelayError):
-                    public, _ = load_secret(path)
-                    self._secrets[public.decode()] = path
-        path = self._secrets.get(public_key)
-        if path is None:
-            raise HttpError(
-                "invalid_config",
-                f"no certificate for key {public_key} in {self.home.keys}: the gateway "
-                "acts for a token with its key (`relay auth add-token` makes both)",
-                status=500,
-            )
-        return path
-
     def _forget_revoked(self) -> None:
-        """Close the sessions of keys no longer in auth.json (the router refuses them
-        anyway; this frees their sockets and subscriptions)."""
-        self.auth.refresh()
-        for pid in [p for p in self._sessions if p != OWNER and p not in self.auth.names]:
+        """Close the sessions of identities with no good token left (removed, expired):
+        the router would refuse them anyway; this frees their subscriptions and hands
+        out again what they held."""
+        book, now = self.auth.refresh(), now_ms()
+        for pid in [p for p in self._sessions if p != OWNER and not book.still_good(p, now)]:
             session = self._sessions.pop(pid)
             asyncio.get_running_loop().create_task(session.close())
 
     async def sweep(self, now: float, linger: float = HUB_LINGER_S) -> None:
-        """End observer hubs and inboxes that nobody has used for ``linger`` seconds."""
+        """End observer hubs and inboxes that nobody has used for ``linger`` seconds, and
+        the connections of identities whose tokens expired meanwhile (with their streams)."""
+        self._forget_revoked()
         for session in list(self._sessions.values()):
             await session.sweep(now, linger)
 

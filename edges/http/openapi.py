@@ -365,6 +365,10 @@ SCHEMAS: dict[str, Any] = {
             "publishedTo": {**_STRING, "description": "the pattern published to, if not subject"},
             "republishedFrom": {**_ID, "description": "the dead letter this publishes again"},
             "parentId": {**_ID, "description": "a reply: the id of the message it answers"},
+            "relayedFrom": {
+                **_STRING,
+                "description": "the node this copy was relayed from (federation)",
+            },
         },
         ["id", "subject", "from", "replyTo", "budget", "createdAt", "payload"],
     ),

@@ -60,9 +60,8 @@ function routerAddress(home) {
 async function connect(options = {}) {
   const client = new Client(options.address || routerAddress(options.home), options);
   try {
-    client.server = await client.sendRequest("hello", {
-      client: options.name || `relay-node/${process.pid}`,
-    });
+    client.server = await client.sendRequest("hello", { client: client.name });
+    client.session = client.server.session ?? null;
   } catch (err) {
     await client.close({ bye: false });
     if (err instanceof TimeoutError) {
@@ -96,22 +95,30 @@ function curveOptions(address, keyFile, serverKey) {
 
 class Client {
   /** Use `connect()`, which also says hello. */
-  constructor(address, { timeout = DEFAULT_TIMEOUT_MS, from, keyFile, serverKey } = {}) {
+  constructor(address, { timeout = DEFAULT_TIMEOUT_MS, from, keyFile, serverKey, name } = {}) {
     this.address = address;
+    /** This client's name in the broker's logs (hello's `client`). */
+    this.name = name || `relay-node/${process.pid}`;
     /** CURVE socket options on tcp:// (both sockets), {} elsewhere. */
     this._curve = curveOptions(address, keyFile, serverKey);
     this.timeout = timeout;
     this.defaultFrom = from;
-    /** The hello result: {server, version, signals, shards, limits}. */
+    /** The hello result: {session, server, version, signals, shards, limits}. */
     this.server = null;
+    /**
+     * This client's session token (docs/protocol.md, hello). A ping that shows another
+     * token means the router forgot us: we say hello again with it and what we hold.
+     */
+    this.session = null;
+    this._resuming = false;
     this.closed = false;
     this._rid = 0;
     /** rid -> {resolve, reject, timer, subscription?} */
     this._pending = new Map();
     /** subscription id -> Subscription */
     this._subs = new Map();
-    /** "id endpoint" of messages handed to this client and not settled yet */
-    this._held = new Set();
+    /** "id endpoint" -> {id, endpoint, deliveries, ackWait, since}: handed to us, unsettled */
+    this._held = new Map();
     /** sender -> Promise<ReplyInbox>: the reply inboxes of request() */
     this._inboxes = new Map();
     this._sendChain = Promise.resolve();
@@ -187,6 +194,7 @@ class Client {
   _checkSubscriptions(pong) {
     const held = pong && Array.isArray(pong.subs) ? new Set(pong.subs) : null;
     if (!held) return;
+    if (pong.session && this.session && pong.session !== this.session) this._resume();
     for (const [id, subscription] of this._subs) {
       if (held.has(id) || subscription._unsubscribing) continue;
       this._subs.delete(id);
@@ -203,13 +211,44 @@ class Client {
     const subscription = this._subs.get(push.sub);
     if (!subscription) return; // its subscription ended; the message stays claimed
     const message = new Message(this, push, subscription);
-    if (subscription.mode === "consume" && !this._hold(message)) return;
+    if (subscription.mode === "consume" && !this._hold(message, subscription.ackWait)) return;
     subscription._push(message);
   }
 
+  /**
+   * Say hello again to a router that forgot us (it restarted, or ended our session),
+   * naming our session and the messages we hold, so that it hands them to nobody else.
+   */
+  async _resume() {
+    if (this._resuming) return;
+    this._resuming = true;
+    try {
+      const now = Date.now();
+      const holding = [];
+      for (const h of this._held.values()) {
+        // Past its deadline the router may have taken it back: not ours to name.
+        if (h.ackWait == null || now < h.since + h.ackWait) {
+          holding.push([h.id, h.endpoint, h.deliveries, h.ackWait ?? null]);
+        }
+      }
+      const hello = await this.sendRequest("hello", { client: this.name, session: this.session, holding });
+      this.session = hello.session ?? this.session;
+    } catch {
+      // The next ping that still shows another token tries again.
+    } finally {
+      this._resuming = false;
+    }
+  }
+
   /** A message claimed for us: ours until answered. False when it is unreadable (nacked). */
-  _hold(message) {
-    this._held.add(message._key);
+  _hold(message, ackWait) {
+    this._held.set(message._key, {
+      id: message.id,
+      endpoint: message.endpoint,
+      deliveries: message.deliveries,
+      ackWait,
+      since: Date.now(),
+    });
     this._updateHeartbeat();
     if (message.envelope !== null) return true;
     message.nack(`unreadable message: ${message.parseError}`).catch(() => {});
@@ -471,7 +510,7 @@ class Client {
       const data = typeof item.data === "string" ? Buffer.from(item.data, "utf8") : Buffer.from(item.data);
       return new Message(this, { ...item, data }, null);
     });
-    return messages.filter((message) => this._hold(message));
+    return messages.filter((message) => this._hold(message, ackWait));
   }
 
   /** Claimed, never acknowledged messages of an endpoint (their consumer went away). */
@@ -818,7 +857,16 @@ class Message {
   /** Still working on it: its ack deadline starts again. Resolves with `{deliveries}`. */
   async inProgress() {
     this._answerable("in_progress");
-    return this._client.sendRequest("in_progress", this._handOut());
+    const result = await this._client.sendRequest("in_progress", this._handOut());
+    const held = this._heldHere();
+    if (held) held.since = Date.now(); // its deadline starts again here too
+    return result;
+  }
+
+  /** What the client records of this hand-out, if it still holds this one. */
+  _heldHere() {
+    const held = this._client._held.get(this._key);
+    return held && held.deliveries === this.deliveries ? held : null;
   }
 
   _answerable(op) {
@@ -840,7 +888,8 @@ class Message {
       if (!(err instanceof RelayError) || err instanceof TimeoutError) this.settled = false;
       throw err;
     } finally {
-      if (this.settled) {
+      // An answer to an earlier hand-out keeps a later one held.
+      if (this.settled && this._heldHere()) {
         this._client._held.delete(this._key);
         this._client._updateHeartbeat();
       }

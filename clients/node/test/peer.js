@@ -12,6 +12,8 @@
  *   peer.js request SUBJECT FROM PAYLOAD_JSON   request() and print {"reply": envelope}
  *   peer.js replier SUBJECT COUNT          print {"ready":true}, then answer COUNT requests with
  *       reply() ({"echo": payload}), printing {"id","deliveries"} of each
+ *   peer.js hold PATTERN                   fetch one message, print {"id","deliveries"}, then
+ *       ack it when a line comes on stdin, printing {"settled"}
  *
  * The broker is the one of $RELAY_TEST_HOME (or $RELAY_HOME). A failure prints
  * {"error": {"name", "code", "message"}} and exits 1.
@@ -89,6 +91,13 @@ async function main([command, ...args]) {
         out({ id: message.id, deliveries: message.deliveries });
         if (++seen >= Number(count)) break;
       }
+    } else if (command === "hold") {
+      const [pattern] = args;
+      const [message] = await client.fetch(pattern, { wait: 10_000 });
+      out({ id: message.id, deliveries: message.deliveries });
+      await new Promise((resolve) => process.stdin.once("data", resolve));
+      process.stdin.destroy(); // else the open stdin keeps the process alive
+      out({ settled: await message.ack() });
     } else {
       throw new Error(`unknown command ${command}`);
     }

@@ -1,0 +1,159 @@
+"""MCP over HTTP for many agents: each session acts as the identity of its bearer token.
+
+Without tokens in auth.json, `relay mcp --http` serves every session as its own
+identity (the process's client) and sender (``--as``), as over stdio. Once auth.json
+lists a token, every HTTP request needs one (`TokenGate`, else ``401``), and a session
+acts for that token's identity: the router judges its sends, inbox and rights by that
+identity, through the server's own connection naming it on each request (``actingFor``;
+broker/delegation.py). Its sender subject is the ``Relay-Sender`` header, or the
+identity's one sender when that is a subject without wildcards.
+
+`Agents` keeps one SDK client per identity (made on first use, closed when its tokens
+are gone) and one `RelayTools` per identity and sender: its held messages, its reply
+inbox (``_INBOX.<sender>.<nonce>``, registered and consumed as that identity, which may
+since it may send as the sender). The MCP SDK binds each session to the credential
+that opened it (``scope["user"]``): a session cannot be carried on with another
+identity's token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from edges.tokens import AuthFile, Bearer, bearer_token, now_ms, token_hash
+from sdk import subjects
+from sdk.client import Client
+from sdk.errors import InvalidMessage
+
+if TYPE_CHECKING:
+    from edges.mcp_server import RelayTools
+
+BEARER = "relay.bearer"  # the ASGI scope key of the verified token's identity
+SENDER_HEADER = "relay-sender"
+NO_TOKEN = "a bearer token is needed (Authorization: Bearer <token>): auth.json lists tokens"
+BAD_TOKEN = "unknown, expired or revoked bearer token"
+
+
+class TokenGate:
+    """ASGI middleware: with tokens configured, a request without a good one gets 401;
+    with one, the request carries its identity (``scope[BEARER]``, and ``scope["user"]``
+    for the MCP SDK's session binding)."""
+
+    def __init__(self, app: ASGIApp, auth: AuthFile) -> None:
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        book = self.auth.refresh()
+        if self.auth.refused is not None:
+            await _unauthorized(
+                send, f"auth.json is refused, so nobody is served: {self.auth.refused}"
+            )
+            return
+        if not book.configured:  # single-user: the process's identity, as over stdio
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        token = bearer_token(headers.get(b"authorization", b"").decode("latin-1"))
+        bearer = book.verify(token, now_ms()) if token else None
+        if bearer is None:
+            await _unauthorized(send, NO_TOKEN if token is None else BAD_TOKEN)
+            return
+        user = AuthenticatedUser(
+            AccessToken(token=token_hash(token), client_id=bearer.user, scopes=[])
+        )
+        await self.app({**scope, "user": user, BEARER: bearer}, receive, send)
+
+
+async def _unauthorized(send: Send, message: str) -> None:
+    body = json.dumps({"error": {"code": "not_authorized", "message": message}}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 401,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"www-authenticate", b"Bearer"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def sender_of(bearer: Bearer, named: str | None) -> str:
+    """The sender subject a token's session sends as: the one it names, else its
+    identity's only sender pattern when that is a subject. The router judges it."""
+    if named:
+        return subjects.validate(named)
+    senders = bearer.identity.senders
+    if len(senders) == 1 and "*" not in senders[0] and ">" not in senders[0].split("."):
+        return senders[0]
+    raise InvalidMessage(
+        f"{bearer.name} may send as {', '.join(senders)}: name the subject to send as in "
+        "the Relay-Sender header"
+    )
+
+
+class Agents:
+    """The tools of each token identity and sender, next to the owner's."""
+
+    def __init__(
+        self,
+        owner: RelayTools,
+        auth: AuthFile,
+        connect_as: Callable[[str], Client],
+        make_tools: Callable[[Client, str], RelayTools],
+    ) -> None:
+        self.owner = owner
+        self.auth = auth
+        self._connect_as = connect_as  # a client whose requests act for that user id
+        self._make_tools = make_tools
+        self._clients: dict[str, Client] = {}  # by user id
+        self._tools: dict[tuple[str, str], RelayTools] = {}  # by (user id, sender)
+        self._lock = anyio.Lock()
+
+    async def for_request(self, request: Any) -> RelayTools:
+        """The tools a tool call is carried out with: its token's, else the owner's."""
+        scope = getattr(request, "scope", None) or {}
+        bearer: Bearer | None = scope.get(BEARER)
+        if bearer is None:
+            return self.owner
+        sender = sender_of(bearer, request.headers.get(SENDER_HEADER))
+        async with self._lock:
+            await self._forget_revoked()
+            tools = self._tools.get((bearer.user, sender))
+            if tools is None:
+                client = self._clients.get(bearer.user)
+                if client is None:
+                    client = await anyio.to_thread.run_sync(self._connect_as, bearer.user)
+                    self._clients[bearer.user] = client
+                tools = self._make_tools(client, sender)
+                self._tools[(bearer.user, sender)] = tools
+            return tools
+
+    async def _forget_revoked(self) -> None:
+        """Close the clients of identities with no good token left: what they held is
+        handed out again, their reply inboxes stop consuming."""
+        book, now = self.auth.refresh(), now_ms()
+        for user in [u for u in self._clients if not book.still_good(u, now)]:
+            client = self._clients.pop(user)
+            for key in [k for k in self._tools if k[0] == user]:
+                del self._tools[key]
+            await anyio.to_thread.run_sync(client.close)
+
+    async def close(self) -> None:
+        async with self._lock:
+            clients, self._clients, self._tools = list(self._clients.values()), {}, {}
+        for client in clients:
+            await anyio.to_thread.run_sync(client.close)

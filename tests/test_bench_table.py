@@ -1,0 +1,112 @@
+"""The broker bench's table as data (bench/comparisons.py): the rows read only figures
+that the bench's round measures, goals are judged from the figures they name, and the
+goals of issue 27 are rows. Nothing here runs a workload: the round is built from
+stand-ins whose methods are never called."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from bench.bench_broker import RSS, _contenders
+from bench.comparisons import (
+    COMPARISONS,
+    Comparison,
+    Figure,
+    Floor,
+    at_least_share,
+    contenders_named,
+    table,
+)
+from bench.workload import SHARD_COUNTS
+
+
+class _Workloads(SimpleNamespace):
+    """Any workload method asked for: a callable that is never run here."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: {}
+
+
+def _round() -> dict[str, Any]:
+    shards = {k: _Workloads() for k in SHARD_COUNTS}
+    return _contenders(_Workloads(), _Workloads(), _Workloads(), shards, shards, _Workloads())
+
+
+def _measured(value: float = 1.0) -> dict[str, dict[str, float]]:
+    """Every figure the table reads, at ``value`` (messages lost: none)."""
+    measured: dict[str, dict[str, float]] = {}
+    for comparison in COMPARISONS:
+        for figure in comparison.figures():
+            lost = figure.name == "lost"
+            measured.setdefault(figure.contender, {})[figure.name] = 0.0 if lost else value
+    return measured
+
+
+def test_every_row_reads_a_workload_that_the_round_runs() -> None:
+    assert contenders_named(COMPARISONS) - {RSS} <= _round().keys()
+
+
+def test_every_workload_of_the_round_is_read_by_a_row() -> None:
+    assert _round().keys() <= contenders_named(COMPARISONS)
+
+
+@pytest.mark.parametrize(
+    ("metric", "floor", "goal"),
+    [
+        (
+            "publish, 100 in flight, 8 endpoints, 2 shards",
+            "(e) the architecture, no Relay code, 100 in flight",
+            ">= 0.75x (e)",
+        ),
+        (
+            "publish, 1 in flight, 2 shards: p50",
+            "(e) the architecture, no Relay code: p50",
+            "<= 1.4x (e) p50",
+        ),
+        (
+            "publish -> handler @ 1,000/s, 2 shards: p50",
+            "(e) store claimed, push, ack per message: p50",
+            "<= 1.6x (e) p50",
+        ),
+        ("router CPU per publish, 100 in flight, 8 endpoints, 2 shards", "", "<= 40 us"),
+    ],
+    ids=["100-in-flight", "1-in-flight-p50", "handler-p50", "router-cpu"],
+)
+def test_the_goals_of_issue_27_are_judged_rows(metric: str, floor: str, goal: str) -> None:
+    rows = table(COMPARISONS, _measured(), "ext4")
+    (row,) = [r for r in rows if (r.metric, r.ceiling_name) == (metric, floor)]
+    assert row.goal == goal
+    assert row.met is not None
+
+
+def test_pull_and_ask_rows_stand_beside_push_consumption_and_a_publish() -> None:
+    beside = {(r.metric.split(",")[0], r.ceiling_name) for r in table(COMPARISONS, _measured(), "")}
+    assert ("drain 1", "the same drained by subscribe (push, credit 64)") in beside
+    assert ("publish -> fetch(wait) -> ack()", "publish, 1 in flight: p50") in beside
+    assert ("request -> reply", "publish, 1 in flight: p50") in beside
+
+
+def test_a_goal_relative_to_its_floor_is_judged_on_the_two_figures() -> None:
+    row = Comparison(
+        "x", "msg/s", Figure("relay"), Floor("floor", Figure("floor")), at_least_share(0.8, "f")
+    )
+    assert row.row({"relay": {"rate": 80.0}, "floor": {"rate": 100.0}}, "").met is True
+    assert row.row({"relay": {"rate": 79.0}, "floor": {"rate": 100.0}}, "").met is False
+
+
+def test_lost_messages_are_named_in_the_metric_and_past_the_allowance_fail_the_goal() -> None:
+    row = Comparison(
+        "signals",
+        "sig/s",
+        Figure("relay"),
+        Floor("(d)", Figure("floor")),
+        at_least_share(0.5, "(d)", lost_at_most=10),
+        lost=Figure("relay", "lost"),
+    )
+    within = row.row({"relay": {"rate": 60.0, "lost": 10.0}, "floor": {"rate": 100.0}}, "")
+    past = row.row({"relay": {"rate": 60.0, "lost": 11.0}, "floor": {"rate": 100.0}}, "")
+    assert (within.metric, within.met) == ("signals, 10 lost", True)
+    assert (past.metric, past.met) == ("signals, 11 lost", False)
