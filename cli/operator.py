@@ -224,6 +224,8 @@ def _letters_table(items: list[dict[str, Any]]) -> str:
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
+    if args.action == "requeue":
+        return _dlq_requeue(args)
     with broker_client(args) as client:
         if args.action == "purge":
             purged = client.purge_dead_letters(args.endpoint)
@@ -231,6 +233,33 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         else:
             items = client.dead_letters(args.endpoint, limit=args.limit)
             emit(args, items, _letters_table)
+    return 0
+
+
+def _dlq_requeue(args: argparse.Namespace) -> int:
+    """`relay dlq requeue ID [--endpoint S]` or `--all --endpoint S [--limit N]
+    [--after ID]`: one request, at most --limit dead letters (docs/operations.md)."""
+    if (args.id is None) == (not args.all):
+        print("relay dlq requeue: give a message id, or --all with --endpoint", file=sys.stderr)
+        return 2
+    if args.all and args.endpoint is None:
+        print("relay dlq requeue --all: name the endpoint (--endpoint)", file=sys.stderr)
+        return 2
+    with broker_client(args) as client:
+        answer = client.requeue_dead_letters(
+            args.endpoint, message_id=args.id, limit=args.limit, after=args.after
+        )
+
+    def human(a: dict[str, Any]) -> str:
+        where = args.endpoint or "their endpoints"
+        count = len(a["requeued"])
+        lines = [f"requeued {count} dead letter{'' if count == 1 else 's'} of {where}"]
+        lines += [f"refused {r['id']}: {r['code']}: {r['message']}" for r in a["refused"]]
+        if a["more"]:
+            lines.append(f"more remain: run again with --after {a['after']}")
+        return "\n".join(lines)
+
+    emit(args, answer, human)
     return 0
 
 
@@ -352,6 +381,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
                     when(c["claimedAt"], precise=True),
                     when(c["finishedAt"], precise=True),
                     c["reason"],
+                    _requeued(c.get("requeues") or []),
                 )
                 for c in t["copies"]
             ],
@@ -366,11 +396,21 @@ def cmd_trace(args: argparse.Namespace) -> int:
                 "CLAIMED",
                 "FINISHED",
                 "REASON",
+                "REQUEUED",
             ),
         )
 
     emit(args, trace, human)
     return 0 if trace["copies"] else 1
+
+
+def _requeued(requeues: list[dict[str, Any]]) -> str:
+    """When a copy was last requeued from the dead letters, and how often if more than
+    once ("" for never)."""
+    if not requeues:
+        return ""
+    last = when(requeues[-1].get("requeuedAt"), precise=True)
+    return last if len(requeues) == 1 else f"{last} ({len(requeues)} times)"
 
 
 def cmd_signals(args: argparse.Namespace) -> int:

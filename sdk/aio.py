@@ -232,6 +232,22 @@ class AsyncClient:
             self.sync.dead_letters, endpoint_hash, limit=limit, message_id=message_id
         )
 
+    async def requeue_dead_letters(
+        self,
+        endpoint_hash: str | None = None,
+        *,
+        message_id: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> dict[str, Any]:
+        return await asyncio.to_thread(
+            self.sync.requeue_dead_letters,
+            endpoint_hash,
+            message_id=message_id,
+            limit=limit,
+            after=after,
+        )
+
     async def purge_dead_letters(self, endpoint_hash: str | None = None) -> int:
         return await asyncio.to_thread(self.sync.purge_dead_letters, endpoint_hash)
 

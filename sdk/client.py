@@ -1,50 +1,49 @@
 """The Python client: `connect()` returns a `Client` speaking docs/protocol.md.
 
-Threads: one I/O thread owns the ZeroMQ sockets (a DEALER to the router, a SUB for
-signals); calling threads hand it requests through an inproc socket and wait on a
-future with a deadline (sdk/plumbing.py). Each subscription's handler runs on its own
-thread, in the order messages arrive, off the socket thread: a slow handler never
-blocks replies, and an exception in a handler nacks that message (the reason is the
-exception) instead of killing the client; answers wait up to `ACK_DELAY_S` to leave
-several in one frame (sdk/subscription.py). The client pings once a second so the
-router knows it is alive (a silent client's session ends after 5 s: its subscriptions,
-and its right to ack).
+`Client` holds the methods callers call and composes the objects that each own one
+concern: the connection (sdk/transport.py: the I/O thread, the sockets, the requests
+in flight and their deadlines, the session and what this client holds), the
+subscriptions (sdk/subscriptions.py, each one's handler thread in
+sdk/subscription.py), the `on_signal` handlers (sdk/signal_handlers.py) and the reply
+inboxes of `request` (sdk/replies.py). A message `fetch` hands out answers itself
+(sdk/message.py). Each subscription's handler runs on its own thread, in the order
+messages arrive, off the socket thread: a slow handler never blocks replies, and an
+exception in a handler nacks that message (the reason is the exception) instead of
+killing the client. The client pings once a second so the router knows it is alive (a
+silent client's session ends after 5 s: its subscriptions, and its right to ack).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
-import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, NamedTuple
+from typing import Any
 
 import zmq
 
-from sdk import subjects, wire
+from sdk import subjects
 from sdk.curve import CurveKeys, client_keys
 from sdk.errors import (
     InvalidMessage,
     LimitExceeded,
-    NotAuthorized,
     RelayError,
     Timeout,
-    Unavailable,
     from_code,
 )
 from sdk.message import Message
 from sdk.paths import Home
-from sdk.plumbing import ClientPlumbing
-from sdk.quiet import Full, QuietSignals
+from sdk.quiet import Full
 from sdk.replies import ReplyInbox
-from sdk.subscription import Handler, SubscriptionWorker
+from sdk.signal_handlers import SignalHandler, SignalHandlers
+from sdk.subscription import Handler
+from sdk.subscriptions import Subscriptions
+from sdk.transport import Transport
 from sdk.types import (
     AccessRule,
     Budget,
@@ -55,15 +54,11 @@ from sdk.types import (
     StandardPayload,
 )
 
-log = logging.getLogger("relay.client")
-
 DEFAULT_TIMEOUT = 10.0
 QUIET_SIGNALS_LIMIT = 10_000  # signals sent with wait=False waiting to leave; more wait
-_client_numbers = itertools.count(1)  # names each client's inproc socket uniquely
-SignalHandler = Callable[[str, Signal], Any]
 
 
-class Client(ClientPlumbing):
+class Client:
     """A connection to a Relay broker. Thread-safe; use as a context manager."""
 
     def __init__(
@@ -75,64 +70,43 @@ class Client(ClientPlumbing):
         curve: CurveKeys | None = None,
         acting_for: str | None = None,
     ) -> None:
-        self.address = address
-        self.timeout = timeout
-        self._curve = curve
-        # Every request names the identity it acts for (a delegate's connection:
-        # docs/security.md, "Delegation"); empty: the connection's own identity.
-        self._acting: dict[str, str] = {"actingFor": acting_for} if acting_for else {}
-        self._ctx = ctx or zmq.Context.instance()
-        self._rids = itertools.count(1)
-        self._futures: dict[int, Future] = {}
-        self._deadlines: dict[int, float] = {}  # rid -> time.monotonic() deadline
-        self._lock = threading.Lock()
-        self._closed = False
-        self._subs: dict[int, SubscriptionWorker] = {}
-        self._renew_lock = threading.Lock()  # finding which lost workers to renew
-        # Workers whose answers wait for their deadline (the I/O thread looks at these).
-        self._answers_waiting: set[SubscriptionWorker] = set()
-        self._ending = False  # close() has begun: answers leave through it, before "bye"
-        self._answers_lock = threading.Lock()  # never held while waiting on anything
-        self._pending_subs: dict[int, SubscriptionWorker] = {}  # by subscribe request id
-        self._signal_handlers: dict[int, tuple[str, SignalHandler]] = {}
-        self._signal_ids = itertools.count(1)
-        self._outbox_addr = f"inproc://relay-client-{next(_client_numbers)}"
-        self._outbox_in = self._ctx.socket(zmq.PULL)
-        self._outbox_in.bind(self._outbox_addr)
-        self._outbox = self._ctx.socket(zmq.PUSH)
-        self._outbox.setsockopt(zmq.LINGER, 0)
-        self._outbox.connect(self._outbox_addr)
-        self._signal_queue: queue.Queue = queue.Queue()
-        self._quiet = QuietSignals(QUIET_SIGNALS_LIMIT)  # signal(wait=False), not yet sent
-        self._requests_sent = 0  # closes the open segment of quiet signals (sdk/quiet.py)
-        self._refused: NotAuthorized | None = None  # the broker refused our handshake
-        self._batch_limit = 1  # requests per frame; the broker's hello may raise it
-        # What the router handed us and we have not answered: (id, endpoint) -> its
-        # hand-out. Named in a new hello when the router forgot us (a restart), so that
-        # it stays ours; the session token names the session to resume.
-        self._held: dict[tuple[str, str], HeldHere] = {}
-        self._held_lock = threading.Lock()
-        self._session: str | None = None
-        self._resuming = threading.Lock()
+        self._transport = Transport(
+            address,
+            timeout=timeout,
+            ctx=ctx,
+            curve=curve,
+            quiet_limit=QUIET_SIGNALS_LIMIT,
+            acting_for=acting_for,
+        )
+        self._subscriptions = Subscriptions(self._transport)
+        self._signals = SignalHandlers(self._transport)
         self._inboxes: dict[str, ReplyInbox] = {}  # sender -> this client's reply inbox
         self._inboxes_lock = threading.Lock()
-        self._io = threading.Thread(target=self._io_loop, name="relay-client-io", daemon=True)
-        self._io_ready = threading.Event()
-        self._io.start()
-        self._io_ready.wait(5)
-        try:
-            self.server = self._call("hello", client=f"python-sdk/{os.getpid()}", batch=True)
-            self._session = self.server.get("session")
-            self._batch_limit = max(1, min(int(self.server.get("batch", 1)), wire.MAX_BATCH))
-        except RelayError as exc:
-            self.close()
-            if not isinstance(exc, Timeout) or self._refused:
-                raise self._refused or exc from None
-            raise Unavailable(
-                f"broker unavailable at {address}: no answer within {timeout:g} s "
-                "(is `relay up` running for this home?)"
-            ) from None
-        self._signals_thread: threading.Thread | None = None
+        self.server = self._transport.open(self._subscriptions, self._signals.arrived)
+
+    @property
+    def address(self) -> str:
+        return self._transport.address
+
+    @property
+    def timeout(self) -> float:
+        """The deadline of a request that names none, in seconds."""
+        return self._transport.timeout
+
+    def send_request(self, op: str, *, timeout: float | None = None, **fields: Any) -> Future:
+        """Send one request of the protocol (docs/protocol.md); the future holds its
+        result or the typed error (a Timeout after ``timeout``, default the client's)."""
+        return self._transport.send_request(op, timeout=timeout, **fields)
+
+    def wait(self, future: Future, op: str) -> Any:
+        """A request's result within the client's timeout, or a typed error."""
+        return self._transport.wait(future, op)
+
+    def _call(self, op: str, *, timeout: float | None = None, **fields: Any) -> Any:
+        return self._transport.call(op, timeout=timeout, **fields)
+
+    def _wait(self, future: Future, op: str, timeout: float | None = None) -> Any:
+        return self._transport.wait(future, op, timeout)
 
     # ------------------------------------------------------------------ endpoints
 
@@ -346,28 +320,7 @@ class Client(ClientPlumbing):
             fields["credit"] = credit
         if ack_wait is not None:
             fields["ackWait"] = _ms(ack_wait, "ack_wait")
-        worker = SubscriptionWorker(self, handler, mode, fields, confirm=confirm)
-        future = self.send_request("subscribe", before_send=worker, **fields)
-        try:
-            self._wait(future, "subscribe")
-        except Timeout:
-            # A late reply must not start a worker nobody can stop.
-            self._pending_subs = {r: w for r, w in self._pending_subs.items() if w is not worker}
-            raise
-
-        def unsubscribe() -> None:
-            if worker.ended:
-                return
-            # Ended first, so that no heartbeat renews it meanwhile (its reply may list
-            # the router's subscriptions without this one before we forget it). Then
-            # the router stops pushing (pushes sent before its reply still reach the
-            # worker and are handled and acknowledged), then the worker stops. A
-            # renewal already under way ends the new one itself (_renew).
-            worker.ended = True
-            self._end_at_router(worker)  # worker.sub changes if it had to be renewed
-            worker.stop()
-
-        return unsubscribe
+        return self._subscriptions.subscribe(handler, mode, fields, confirm=confirm)
 
     def fetch(
         self, pattern: str, *, batch: int = 10, wait: float = 0.0, ack_wait: float | None = None
@@ -413,61 +366,9 @@ class Client(ClientPlumbing):
         for item in items:
             envelope = Envelope.from_json(item["data"])
             envelope = dataclasses.replace(envelope, deliveries=item["deliveries"])
-            self.holding(envelope.id, item["endpoint"], envelope.deliveries, ack_wait_ms)
-            messages.append(Message(envelope, item["endpoint"], self))
+            self._transport.holding(envelope.id, item["endpoint"], envelope.deliveries, ack_wait_ms)
+            messages.append(Message(envelope, item["endpoint"], self._transport))
         return messages
-
-    def holding(
-        self, message_id: str, endpoint: str, deliveries: int, ack_wait_ms: int | None
-    ) -> None:
-        """The router handed us a message: ours until answered (or its deadline)."""
-        with self._held_lock:
-            self._held[(message_id, endpoint)] = HeldHere(deliveries, ack_wait_ms, time.monotonic())
-
-    def answered(self, message_id: str, endpoint: str, deliveries: int) -> None:
-        """Forget a hand-out answered (an earlier one's answer keeps a later one)."""
-        with self._held_lock:
-            held = self._held.get((message_id, endpoint))
-            if held is not None and held.deliveries == deliveries:
-                del self._held[(message_id, endpoint)]
-
-    def still_working(self, message_id: str, endpoint: str, deliveries: int) -> None:
-        """in_progress() was confirmed: the hand-out's deadline starts again here too."""
-        with self._held_lock:
-            held = self._held.get((message_id, endpoint))
-            if held is not None and held.deliveries == deliveries:
-                self._held[(message_id, endpoint)] = held._replace(since=time.monotonic())
-
-    def wait(self, future: Future, op: str) -> Any:
-        """A request's result within the client's timeout, or a typed error."""
-        return self._wait(future, op)
-
-    def _resume(self) -> None:
-        """Say hello again to a router that forgot us, naming our session and the
-        messages we hold, so that it does not hand them to anyone else."""
-        if not self._resuming.acquire(blocking=False):
-            return  # under way
-        try:
-            now = time.monotonic()
-            with self._held_lock:
-                # Past its deadline the router may have taken it back: not ours to name.
-                holding = [
-                    [i, e, h.deliveries, h.ack_wait_ms]
-                    for (i, e), h in self._held.items()
-                    if h.ack_wait_ms is None or now < h.since + h.ack_wait_ms / 1000
-                ]
-            hello = self._call(
-                "hello",
-                client=f"python-sdk/{os.getpid()}",
-                batch=True,
-                session=self._session,
-                holding=holding,
-            )
-            self._session = hello.get("session", self._session)
-        except RelayError as exc:
-            log.warning("could not resume the session with the broker: %s", exc)
-        finally:
-            self._resuming.release()
 
     def pending(self, subject: str) -> list[dict[str, Any]]:
         """Claimed, unacknowledged messages of an endpoint (a consumer died holding them)."""
@@ -513,36 +414,14 @@ class Client(ClientPlumbing):
 
     def _signal_quietly(self, fields: dict[str, Any], timeout: float | None) -> None:
         """Queue a signal sent without a reply; `Full` when no room came in ``timeout``."""
-        body = wire.encode_request("signal", 0, reply=False, **self._acting, **fields)[1]
-        self._quiet.wait_for_room(timeout)  # not under the lock: the I/O thread frees room
-        with self._lock:  # as requests are sent: one order for signals and requests
-            if self._closed:
-                raise Unavailable("client is closed")
-            if not self._quiet.add(body, self._requests_sent):
-                return  # the marker of its segment is on its way already
-            try:
-                self._outbox.send(b"Q")
-            except BaseException:
-                self._quiet.withdraw_last()  # no marker would ever take it
-                raise
+        self._transport.send_quietly("signal", timeout, **fields)
 
     def on_signal(self, pattern: str, handler: SignalHandler) -> Callable[[], None]:
         """Call handler(subject, signal) for each signal whose subject matches pattern."""
-        subjects.validate(pattern, wildcards=True)
-        key = next(self._signal_ids)
-        with self._lock:
-            if self._signals_thread is None:
-                self._outbox.send(b"C" + self.server["signals"].encode())
-                self._signals_thread = threading.Thread(
-                    target=self._signal_loop, name="relay-client-signals", daemon=True
-                )
-                self._signals_thread.start()
-            self._signal_handlers[key] = (pattern, handler)
-            # Runs of signals (one message for many) from a broker that offers them:
-            # docs/protocol.md, "signal".
-            runs = wire.SIGNAL_RUN if self.server.get("signalRuns") is True else b""
-            self._outbox.send(b"S" + runs + subjects.literal_prefix(pattern).encode())
-        return lambda: self._signal_handlers.pop(key, None) and None
+        # Runs of signals (one message for many) from a broker that offers them:
+        # docs/protocol.md, "signal".
+        runs = self.server.get("signalRuns") is True
+        return self._signals.add(pattern, handler, address=self.server["signals"], runs=runs)
 
     # ------------------------------------------------------------------ administration
 
@@ -562,8 +441,30 @@ class Client(ClientPlumbing):
             fields["id"] = message_id
         return self._call("dead_letters", **fields)["items"]
 
+    def requeue_dead_letters(
+        self,
+        endpoint_hash: str | None = None,
+        *,
+        message_id: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> dict[str, Any]:
+        """Operators: put dead letters back in their endpoints' new/ under their own ids,
+        to be handed out again (deliveries counted afresh). ``message_id``: that
+        message's (in ``endpoint_hash`` if given; refused with the error, e.g.
+        ``TtlExpired``, when its one dead letter may not be requeued); else up to
+        ``limit`` (at most 200) of one endpoint's, oldest first, after the id ``after``.
+        Returns ``{"requeued": [{id, endpoint}], "refused": [{id, endpoint, code,
+        message}], "more": bool, "after": id or None}``: with ``more``, pass ``after``
+        to go on (docs/protocol.md, "requeue_dead_letters")."""
+        fields: dict[str, Any] = {"limit": limit}
+        for name, value in (("endpoint", endpoint_hash), ("id", message_id), ("after", after)):
+            if value is not None:
+                fields[name] = value
+        return self._call("requeue_dead_letters", **fields)
+
     def purge_dead_letters(self, endpoint_hash: str | None = None) -> int:
-        fields = {} if endpoint_hash is None else {"endpoint": endpoint_hash}
+        fields: dict[str, Any] = {} if endpoint_hash is None else {"endpoint": endpoint_hash}
         return self._call("purge_dead_letters", **fields)["purged"]
 
     def rebuild_index(self) -> int:
@@ -573,9 +474,8 @@ class Client(ClientPlumbing):
         return AccessRule.from_wire(self._call("add_rule", rule=rule.to_wire()))
 
     def remove_rule(self, from_pattern: str, to_pattern: str) -> bool:
-        return bool(
-            self._call("remove_rule", **{"from": from_pattern, "to": to_pattern})["removed"]
-        )
+        fields: dict[str, Any] = {"from": from_pattern, "to": to_pattern}
+        return bool(self._call("remove_rule", **fields)["removed"])
 
     def list_rules(self) -> list[AccessRule]:
         return [AccessRule.from_wire(r) for r in self._call("list_rules")["rules"]]
@@ -613,34 +513,20 @@ class Client(ClientPlumbing):
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        if self._closed:
+        if self._transport.closed:
             return
-        # Messages pushed but not yet handled are dropped here: they stay claimed and are
-        # listed by pending(), rather than being handled with an ack that cannot go out.
-        with self._answers_lock:  # waits for answers the I/O thread is sending
-            self._ending = True  # from here it leaves them to us
-        for worker in {*self._subs.values(), *self._answers_waiting}:
-            worker.stop(discard_queued=True)
-            if self._io.is_alive():
-                worker.answer()  # what it handled is answered before "bye"
-        for inbox in self._inboxes.values() if self._io.is_alive() else ():
+        alive = self._transport.alive
+        self._subscriptions.close(answer=alive)  # what was handled is answered before "bye"
+        for inbox in self._inboxes.values() if alive else ():
             # Its endpoint goes (its mailbox and mail stay on disk), so that inboxes of
             # clients long gone do not pile up in the endpoint list.
             with contextlib.suppress(RelayError):
                 self._call("unregister", subject=inbox.subject, timeout=min(self.timeout, 5.0))
-        if self._io.is_alive() and hasattr(self, "server"):
+        if alive:
             with contextlib.suppress(RelayError):
                 self._call("bye", timeout=min(self.timeout, 5.0))
-        self._subs.clear()
-        with self._lock:
-            self._closed = True
-        self._quiet.close()
-        self._io.join(2)
-        self._outbox.close(0)
-        for future in list(self._futures.values()):
-            if not future.done():
-                future.set_exception(Unavailable("client closed"))
-        self._futures.clear()
+        self._signals.close()
+        self._transport.close()
 
     def __enter__(self) -> Client:
         return self
@@ -685,14 +571,6 @@ def connect(
         server_key = server_key or os.environ.get("RELAY_SERVER_KEY")
         curve = client_keys(key_file, server_key or where.server_public_key_file)
     return Client(address, timeout=timeout, curve=curve, acting_for=acting_for)
-
-
-class HeldHere(NamedTuple):
-    """A hand-out this client holds: which, its ack deadline (ms), since when (monotonic)."""
-
-    deliveries: int
-    ack_wait_ms: int | None
-    since: float
 
 
 def _refusal(subject: str, result: PublishResult) -> RelayError:

@@ -80,6 +80,13 @@ class InvalidState(RelayError):
     code = "invalid_state"
 
 
+class TtlExpired(InvalidState):
+    """A message past its budget's TTL: a dead letter that would die again at once is
+    not requeued (docs/protocol.md, "requeue_dead_letters")."""
+
+    code = "ttl_expired"
+
+
 class AccessDenied(RelayError):
     code = "access_denied"
 

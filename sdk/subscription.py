@@ -46,9 +46,10 @@ class Delivery:
 
 
 class Answers(Protocol):
-    """What a subscription's worker needs from its client: to send answers (and wait
-    for one), to forget a message answered, and the I/O thread's watch over answers
-    that wait for their deadline while the handler is busy."""
+    """What a subscription's worker answers through (the client's subscriptions,
+    sdk/subscriptions.py): to send answers (and wait for one), to forget a message
+    answered, and the I/O thread's watch over answers that wait for their deadline
+    while the handler is busy."""
 
     def send_request(self, op: str, **fields: Any) -> Future: ...
 
@@ -72,7 +73,7 @@ class SubscriptionWorker:
 
     def __init__(
         self,
-        client: Answers,
+        answers: Answers,
         handler: Handler,
         mode: str,
         fields: dict[str, Any],
@@ -80,7 +81,7 @@ class SubscriptionWorker:
         confirm: bool = False,
     ) -> None:
         self.ended = False  # unsubscribe() was called: never renewed
-        self.client = client
+        self.answers = answers
         self.handler = handler
         self.mode = mode
         self.fields = fields  # the subscribe request, to renew it
@@ -128,13 +129,13 @@ class SubscriptionWorker:
                 first = not self._unsent
                 if first:
                     self._deadline = time.monotonic() + ACK_DELAY_S
-                    self.client.answers_waiting(self, True)
+                    self.answers.answers_waiting(self, True)
                 self._unsent.append((delivery, error))
                 due = len(self._unsent) >= self.answers_together
             if due or time.monotonic() >= self._deadline:  # also while messages queue up
                 self.answer()
             elif first:
-                self.client.wake_for_answers()
+                self.answers.wake_for_answers()
         self.answer()
 
     def take_due(self, now: float) -> tuple[list[tuple[Delivery, Outcome]], float | None]:
@@ -144,14 +145,14 @@ class SubscriptionWorker:
             if self._unsent and now < self._deadline:
                 return [], self._deadline
             handled, self._unsent = self._unsent, []
-            self.client.answers_waiting(self, False)
+            self.answers.answers_waiting(self, False)
         return handled, None
 
     def _answer_confirmed(self, delivery: Delivery, error: Outcome) -> None:
         op, fields = answer_of(delivery, error)
-        self.client.answered(delivery.id, delivery.endpoint, delivery.deliveries)
+        self.answers.answered(delivery.id, delivery.endpoint, delivery.deliveries)
         try:
-            self.client.wait(self.client.send_request(op, **fields), op)
+            self.answers.wait(self.answers.send_request(op, **fields), op)
         except RelayError as exc:  # taken back meanwhile (invalid_state), or closed
             log.warning("%s of %s not confirmed: %s", op, delivery.id, exc)
 
@@ -165,9 +166,9 @@ class SubscriptionWorker:
                 handled, self._unsent = self._unsent, []
             for delivery, error in handled:
                 op, fields = answer_of(delivery, error)
-                self.client.answered(delivery.id, delivery.endpoint, delivery.deliveries)
+                self.answers.answered(delivery.id, delivery.endpoint, delivery.deliveries)
                 try:
-                    self.client.send_request(op, **fields)
+                    self.answers.send_request(op, **fields)
                 except RelayError:
                     log.warning("could not acknowledge %s: client closed", delivery.id)
 

@@ -58,6 +58,7 @@ OPERATIONS = frozenset(
         "signal",
         "dead_letters",
         "purge_dead_letters",
+        "requeue_dead_letters",
         "compact_remove",
         "pending",
         "complete",

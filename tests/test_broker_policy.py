@@ -296,7 +296,7 @@ def test_signals_without_reply_leave_while_a_caller_holds_the_clients_lock(broke
     states = _progress_seen(client)
     release = park_io_thread(client)
     client.signal(A, Signal(SignalType.PROGRESS, "sent", A, now_ms()), wait=False)
-    with client._lock:
+    with client._transport._lock:
         release.set()
         wait_for(lambda: states == ["sent"], what="the signal, with the client's lock held")
 
@@ -373,13 +373,13 @@ def test_a_client_of_a_router_without_runs_subscribes_to_single_signals(broker):
     client = broker.client()
     client.server = {**client.server, "signalRuns": False}  # as a version 1 router says
     topics: list[bytes] = []
-    dispatch = client._dispatch_signal
+    dispatch = client._signals.dispatch
 
     def noting_topics(frames: list[bytes]) -> None:
         topics.append(bytes(frames[0]))
         dispatch(frames)
 
-    client._dispatch_signal = noting_topics
+    client._signals.dispatch = noting_topics
     states = _progress_seen(client)
     _send_progress_batch(broker, 20)  # one pass: one run, and the singles it asked for
     wait_for(lambda: len(states) >= 20, what="the signals, one per message")

@@ -239,11 +239,12 @@ def test_a_client_keeps_what_it_holds_of_an_endpoint_unregistered_meanwhile(brok
     message_id = client.publish(BOX, "work", sender=SENDER).message_id
     (held,) = client.fetch(BOX)
     client.unregister_endpoint(BOX)
-    before = client._session  # the token its hello got; a new one once it said hello again
+    # The token its hello got; a new one once it said hello again.
+    before = client._transport.session
     broker.kill("router")
     broker.start_router()
     broker.wait_ready()
-    wait_for(lambda: client._session != before, 20, what="the client to say hello again")
+    wait_for(lambda: client._transport.session != before, 20, what="the client to say hello again")
     other.register_endpoint(BOX)
     assert other.fetch(BOX, wait=7) == []  # past the session timeout: still the client's
     held.ack()

@@ -144,6 +144,32 @@ def test_console_purges_a_dead_letter(console: tuple[Page, Client], shots: Path)
     page.screenshot(path=str(shots / "console-purged.png"), full_page=True)
 
 
+def test_console_requeues_a_dead_letter_to_a_consumer_under_its_own_id(
+    console: tuple[Page, Client], shots: Path
+) -> None:
+    page, client = console
+    message_id = client.publish(DEMO, {"content": "retry me"}, sender=SENDER).message_id
+    (held,) = client.fetch(DEMO, wait=5)
+    held.nack("the handler had a bug")
+    page.locator("#refresh-dead-letters").click()
+    letter = page.locator(f'#dead-letters tr[data-id="{message_id}"]')
+    expect(letter).to_be_visible(timeout=10_000)
+
+    letter.locator("button.requeue").click()
+
+    expect(page.locator("#notice")).to_have_text(f"requeued {message_id} to {DEMO}")
+    expect(letter).to_have_count(0, timeout=10_000)
+    page.locator("#trace-id").fill(message_id)
+    page.locator("#trace-form button").click()
+    trace = page.locator(f'#trace table[data-id="{message_id}"]')
+    expect(trace.locator(".copy-state")).to_have_text("new", timeout=10_000)
+    expect(trace.locator(".requeued")).to_contain_text("after nack: the handler had a bug")
+    page.screenshot(path=str(shots / "console-requeued.png"), full_page=True)
+    (again,) = client.fetch(DEMO, wait=5)
+    assert again.id == message_id and again.deliveries == 1
+    assert again.envelope.payload == {"content": "retry me"}
+
+
 def test_console_asks_for_a_token_when_auth_json_lists_tokens(broker: Broker, shots: Path) -> None:
     """On a default install (the router on ipc://, as `make run` starts it)."""
     made = broker.relay("auth", "add-token", "console", "--sender", ">", "--admin")

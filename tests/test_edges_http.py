@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -313,6 +314,67 @@ def test_a_republished_dead_letter_is_marked_with_the_dead_letters_id(gw: Runnin
     assert copy["republishedFrom"] == message_id
 
 
+def nacked_over_http(gw: RunningGateway, count: int = 1, **extra: object) -> list[str]:
+    """``count`` messages published, taken from the inbox and nacked: dead letters."""
+    ids = [publish(gw, {"n": n}, **extra)["messageId"] for n in range(count)]
+    held: list[dict] = []
+    while len(held) < count:
+        params = {"wait": 5, "limit": count}
+        held += gw.http.get(f"/api/endpoints/{DEMO}/inbox", params=params).json()["messages"]
+    for message in held:
+        gw.http.post(f"/api/messages/{message['id']}/nack", json={"reason": "boom"})
+    wait_for(
+        lambda: set(ids) <= {d["id"] for d in gw.http.get("/api/dead-letters").json()["items"]},
+        what="the dead letters",
+    )
+    return ids
+
+
+def test_a_nacked_message_requeued_over_http_reaches_a_consumer_under_its_own_id(
+    gw: RunningGateway,
+) -> None:
+    info = register(gw)
+    (message_id,) = nacked_over_http(gw)
+
+    answer = gw.http.post(f"/api/dead-letters/{message_id}/requeue", json={})
+
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["requeued"] == [{"id": message_id, "endpoint": info["hash"]}]
+    assert gw.http.get("/api/dead-letters").json()["items"] == []
+    assert copy_state(gw, message_id) == "new"
+    (copy,) = gw.http.get(f"/api/endpoints/{DEMO}/inbox", params={"wait": 5}).json()["messages"]
+    assert copy["id"] == message_id and copy["payload"] == {"n": 0}
+    assert copy["deliveries"] == 1
+    again = gw.http.post(f"/api/dead-letters/{message_id}/requeue", json={})
+    assert again.status_code == 404 and again.json()["error"]["code"] == "message_not_found"
+
+
+def test_requeue_over_http_refuses_an_expired_dead_letter_and_pages_an_endpoints(
+    gw: RunningGateway,
+) -> None:
+    register(gw)
+    ttl = int(time.time() * 1000) + 1500
+    budget = {**default_budget(0).to_wire(), "ttl": ttl}
+    (expired,) = nacked_over_http(gw, budget=budget)
+    wait_for(lambda: time.time() * 1000 > ttl + 50, what="the message's TTL to pass")
+    refused = gw.http.post(f"/api/dead-letters/{expired}/requeue", json={})
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["code"] == "ttl_expired"
+
+    living = nacked_over_http(gw, count=2)  # after the expired one, in id order
+    page = gw.http.post("/api/dead-letters/requeue", params={"endpoint": DEMO, "limit": 2})
+    assert page.status_code == 200, page.text
+    first = page.json()
+    assert [r["id"] for r in first["refused"]] == [expired]
+    assert first["refused"][0]["code"] == "ttl_expired"
+    assert len(first["requeued"]) == 1 and first["more"] is True
+    params = {"endpoint": DEMO, "after": first["after"]}
+    rest = gw.http.post("/api/dead-letters/requeue", params=params).json()
+    requeued = [r["id"] for r in first["requeued"] + rest["requeued"]]
+    assert requeued == living and rest["more"] is False
+    assert [d["id"] for d in gw.http.get("/api/dead-letters").json()["items"]] == [expired]
+
+
 def test_an_unroutable_dead_letter_is_republished_to_the_subject_it_was_sent_to(
     gw: RunningGateway,
 ) -> None:
@@ -398,6 +460,8 @@ def test_a_schema_validating_client_accepts_every_documented_answer(gw: RunningG
     http.get("/api/config")
     http.patch("/api/config", json={"rateLimit": {"maxPerWindow": 250}})
     http.get("/api/status")
+    assert http.post(f"/api/dead-letters/{first}/requeue", json={}).is_success
+    assert http.post("/api/dead-letters/requeue", params={"endpoint": DEMO}).is_success
     http.delete("/api/dead-letters")
     http.delete(f"/api/endpoints/{DEMO}")
 

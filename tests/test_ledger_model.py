@@ -7,13 +7,15 @@ publishes (concrete and wildcard, into new/ or stored claimed), subscriptions wi
 various credits, unsubscribes, clients that vanish holding messages, acks and nacks,
 writers that run a few commands, die after doing some of them without answering, and
 come back, publish deadlines that pass while a copy waits, endpoints registered and
-unregistered. What must hold:
+unregistered, an operator's requeue of finished (dead-lettered) messages back to new/.
+What must hold:
 
 - at every step: no message is held by two consumers at once, every message handed out
   is claimed in cur/ at that moment, and says how many times it was handed out;
 - per subscription and endpoint, messages arrive oldest first, except a message that
-  was put back (handed to nobody and returned to new/) or returned (its holder left,
-  or its ack deadline passed), which may come after younger ones;
+  was put back (handed to nobody and returned to new/), returned (its holder left,
+  or its ack deadline passed) or requeued from the dead letters, which may come after
+  younger ones; a requeued message's hand-outs are counted afresh;
 - a message returned `max_deliveries` times ends failed;
 - whenever everything has settled (writers up, their queues run dry): the ledger's
   queue of each endpoint is exactly its new/, oldest first; no subscription with credit
@@ -63,7 +65,15 @@ class Store:
     sub: int | None
 
 
-Command = Claim | PutBack | DeadLetter | Store
+@dataclass
+class Redrive:
+    """An operator's requeue of a dead letter: the writer moves it back to new/."""
+
+    id: str
+    endpoint: str
+
+
+Command = Claim | PutBack | DeadLetter | Store | Redrive
 MAX_DELIVERIES = 3
 
 
@@ -168,6 +178,9 @@ class LedgerMachine(RuleBasedStateMachine):
             ok = self._claim(command, message)
             if self.ledger.claimed(command.sub, *message, ok=ok):
                 self._hand_out(command.sub, message, command.deliveries + 1)
+        elif isinstance(command, Redrive):
+            if self._redrive(message):  # the router hears it: in line by its id
+                self.ledger.requeued(*message)
         elif isinstance(command, DeadLetter):
             assert message not in self.handed, f"{message} dead-lettered from its holder"
             assert command.deliveries >= MAX_DELIVERIES
@@ -185,6 +198,18 @@ class LedgerMachine(RuleBasedStateMachine):
                 self.disk.new.add(message)
                 self.put_back.add(message)
             self.ledger.put_back_done(command.token, ok=ok)
+
+    def _redrive(self, message: tuple[str, str]) -> bool:
+        """The writer's requeue of a dead letter: refused unless it is one (requeued
+        twice, the second finds none)."""
+        if message not in self.disk.finished:
+            return False
+        self.disk.finished.discard(message)
+        self.disk.new.add(message)
+        self.disk.count.pop(message, None)
+        self.times[message] = 0  # hand-outs counted afresh
+        self.put_back.add(message)  # back in line by its id, after younger ones went
+        return True
 
     def _claim(self, command: Claim, message: tuple[str, str]) -> bool:
         """The writer's claim: from new/, or again in cur/ (a returned message)."""
@@ -210,6 +235,8 @@ class LedgerMachine(RuleBasedStateMachine):
         elif isinstance(command, DeadLetter) and message in self.disk.cur:
             self.disk.cur.discard(message)
             self.disk.finished.add(message)
+        elif isinstance(command, Redrive):
+            self._redrive(message)  # nobody is told: the writer's hello reads new/
         elif isinstance(command, PutBack) and message in self.disk.cur:
             assert message not in self.handed, f"{message} put back from its holder"
             self.disk.cur.discard(message)
@@ -339,6 +366,8 @@ class LedgerMachine(RuleBasedStateMachine):
             assert not self.ledger.claimed(command.sub, *message, ok=message in self.disk.cur)
         elif isinstance(command, DeadLetter):
             self.ledger.dead_letter_done(command.token)
+        elif isinstance(command, Redrive):
+            pass  # its request was answered unavailable when the writer went
         else:
             self.ledger.put_back_done(command.token, ok=message in self.disk.new)
 
@@ -352,6 +381,18 @@ class LedgerMachine(RuleBasedStateMachine):
                 self.ledger.storing(store.id, store.endpoint)
                 self.inbox[shard].append(store)
         self.parked[shard] = []
+        self._pass()
+
+    @precondition(lambda self: self.disk.finished)
+    @rule(data=st.data())
+    def operator_requeues_a_dead_letter(self, data: st.DataObject) -> None:
+        """Sent to its writer if it is up and taking work (else refused unavailable),
+        for an endpoint still registered (else refused by the router)."""
+        message_id, endpoint = data.draw(st.sampled_from(sorted(self.disk.finished)))
+        shard = shard_of(endpoint, SHARDS)
+        registered = SUBJECT_OF[endpoint] in self.registered
+        if registered and self.ledger.is_up(shard) and shard not in self.full:
+            self.inbox[shard].append(Redrive(message_id, endpoint))
         self._pass()
 
     @rule(shard=st.integers(0, SHARDS - 1), full=st.booleans())

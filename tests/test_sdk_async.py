@@ -125,6 +125,22 @@ def test_coroutine_handler_that_raises_nacks_into_dead_letters(broker):
     asyncio.run(main())
 
 
+def test_a_dead_letter_requeued_with_the_async_client_is_fetched_again(broker):
+    async def main() -> None:
+        async with connect(broker.home.root) as client:
+            info = await client.register_endpoint(A)
+            sent = (await client.publish(A, "retry", sender=SENDER)).message_id
+            (held,) = await client.fetch(A, wait=5)
+            await held.nack("not yet")
+            answer = await client.requeue_dead_letters(info.hash, message_id=sent)
+            assert answer["requeued"] == [{"id": sent, "endpoint": info.hash}]
+            (again,) = await client.fetch(A, wait=5)
+            assert (again.id, again.deliveries) == (sent, 1)
+            await again.ack()
+
+    asyncio.run(main())
+
+
 def test_reply_from_a_coroutine_handler_reaches_the_asker(broker):
     async def main() -> None:
         async with connect(broker.home.root) as server, connect(broker.home.root) as asker:

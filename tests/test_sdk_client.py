@@ -219,7 +219,7 @@ def test_a_bad_item_in_a_run_of_signals_costs_only_itself(broker):
     client.on_signal("relay.agent.demo.*", lambda _subject, signal: seen.append(signal.state))
     good = [Signal(SignalType.TYPING, state, A, 1).to_wire() for state in ("a", "b")]
     run = wire.encode_signal_run(A, [wire.packb(good[0]), wire.packb(7), wire.packb(good[1])])
-    client._dispatch_signal(run)  # as the signal thread does with a message that arrived
+    client._signals.dispatch(run)  # as the signal thread does with a message that arrived
     assert seen == ["a", "b"]
 
 
@@ -234,7 +234,7 @@ def pending_ids(client) -> list[str]:
 
 
 class _Recorder:
-    """Stands in for the Client a subscription worker answers through: records order."""
+    """Stands in for the subscriptions a worker answers through: records order."""
 
     def __init__(self) -> None:
         self.events: list[str] = []
@@ -368,7 +368,7 @@ def test_answers_leave_while_a_caller_holds_the_client_lock(broker):
     client = broker.client()
     handled = []
     client.subscribe(A, lambda envelope: handled.append(envelope.id))
-    with client._lock:  # the handler thread cannot send a thing meanwhile
+    with client._transport._lock:  # the handler thread cannot send a thing meanwhile
         message_id = watcher.publish(A, 1, sender=SENDER).message_id
         wait_for(
             lambda: handled == [message_id] and watcher.pending(A) == [],
@@ -382,20 +382,21 @@ def test_a_heartbeat_answered_during_unsubscribe_does_not_bring_it_back(broker):
     client = broker.client()
     client.register_endpoint(A)
     unsubscribe = client.observe(A, lambda envelope: None)
-    (worker,) = client._subs.values()
-    real_call = client._call
+    (worker,) = client._subscriptions.workers.values()
+    real_call = client._transport.call
 
     def call(op, **fields):
         result = real_call(op, **fields)
         if op == "unsubscribe":  # the router dropped it; a heartbeat says so now
-            client._check_subscriptions({"subs": []})
-            client._renew([(worker, worker.renewals)])  # what the heartbeat's thread does
+            client._subscriptions.router_holds(set())
+            # What the heartbeat's thread does:
+            client._subscriptions.renew([(worker, worker.renewals)])
         return result
 
-    client._call = call
+    client._transport.call = call
     unsubscribe()
     assert client.status()["subscriptions"] == 0
-    assert not client._subs
+    assert not client._subscriptions.workers
 
 
 def test_subscriptions_renewed_after_a_router_restart_keep_their_own_handlers(broker):
@@ -409,14 +410,14 @@ def test_subscriptions_renewed_after_a_router_restart_keep_their_own_handlers(br
     client.subscribe(B, lambda e: got[B].append(e.id))  # sub 2
     other.observe(B, lambda e: None)  # sub 3
     for c in (client, other):  # the test renews, in its order, not their heartbeats
-        c._check_subscriptions = lambda pong: None
+        c._subscriptions.router_holds = lambda subs: None
     broker.kill("router")
     broker.start_router()
     broker.wait_ready()
     # The other client renews first and takes id 1; then this one: A gets 2, while B's
     # worker still sits under its old id 2.
-    other._renew([(w, w.renewals) for w in other._subs.values()])
-    client._renew([(w, w.renewals) for w in client._subs.values()])
+    other._subscriptions.renew([(w, w.renewals) for w in other._subscriptions.workers.values()])
+    client._subscriptions.renew([(w, w.renewals) for w in client._subscriptions.workers.values()])
     assert client.status()["subscriptions"] == 3
     ids = {s: client.publish(s, 1, sender=SENDER).message_id for s in (A, B)}
     wait_for(lambda: got == {A: [ids[A]], B: [ids[B]]}, what=f"both handlers (got {got})")
@@ -427,13 +428,13 @@ def test_two_renewals_of_one_loss_subscribe_once(broker):
     that runs second, after the first has renewed it, must not subscribe it again."""
     client = broker.client()
     client.register_endpoint(A)
-    client._check_subscriptions = lambda pong: None  # the test plays the heartbeats
+    client._subscriptions.router_holds = lambda subs: None  # the test plays the heartbeats
     client.subscribe(A, lambda e: None)
     broker.kill("router")
     broker.start_router()
     broker.wait_ready()
-    lost = [(w, w.renewals) for w in client._subs.values()]
-    client._renew(lost)
-    client._renew(lost)  # the second heartbeat's thread, late
+    lost = [(w, w.renewals) for w in client._subscriptions.workers.values()]
+    client._subscriptions.renew(lost)
+    client._subscriptions.renew(lost)  # the second heartbeat's thread, late
     assert client.status()["subscriptions"] == 1
-    assert len(client._subs) == 1
+    assert len(client._subscriptions.workers) == 1

@@ -163,6 +163,7 @@ ADMIN_REQUESTS = {
     "complete": {"id": "01JDQ3ZV9R6Q4W1T3M5N7P8K2A", "endpoint": f"{PROJ_A}.inbox"},
     "fail": {"id": "01JDQ3ZV9R6Q4W1T3M5N7P8K2A", "endpoint": f"{PROJ_A}.inbox"},
     "requeue": {"id": "01JDQ3ZV9R6Q4W1T3M5N7P8K2A", "endpoint": f"{PROJ_A}.inbox"},
+    "requeue_dead_letters": {"id": "01JDQ3ZV9R6Q4W1T3M5N7P8K2A"},
     # a federation bridge's (docs/federation.md)
     "relay_take": {"node": "a"},
     "relayed": {"parts": []},

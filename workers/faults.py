@@ -33,6 +33,9 @@ REQUEUE_AFTER_RENAME = "maildir.requeue.after_rename"
 FAIL_AFTER_TMP_WRITE = "maildir.fail.after_tmp_write"
 FAIL_AFTER_FAILED_WRITTEN = "maildir.fail.after_failed_written"
 FAIL_AFTER_UNLINK = "maildir.fail.after_unlink"
+REDRIVE_AFTER_TMP_WRITE = "maildir.redrive.after_tmp_write"
+REDRIVE_AFTER_NEW_WRITTEN = "maildir.redrive.after_new_written"
+REDRIVE_AFTER_UNLINK = "maildir.redrive.after_unlink"
 # Every storage fault point, in the order the operations reach them (the crash tests
 # cover each one).
 FAULT_POINTS = (
@@ -47,6 +50,9 @@ FAULT_POINTS = (
     FAIL_AFTER_TMP_WRITE,
     FAIL_AFTER_FAILED_WRITTEN,
     FAIL_AFTER_UNLINK,
+    REDRIVE_AFTER_TMP_WRITE,
+    REDRIVE_AFTER_NEW_WRITTEN,
+    REDRIVE_AFTER_UNLINK,
 )
 DELIVER_FAULTS = (AFTER_TMP_WRITE, AFTER_SYNC, AFTER_RENAME)
 

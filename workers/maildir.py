@@ -57,8 +57,8 @@ requeue (an operator's, or a claim nobody received): one rename back
     ``cur/<id>,C=<c>:2,`` -> ``new/<id>``, fsync new/ and cur/ [maildir.requeue.after_rename]
     Atomic; a power cut before the fsyncs may leave it claimed, as if never requeued.
 
-The dead letters (fail, quarantine, purge_failed), the group commit (deliver_batch) and
-recovery at start (recover, sweep_tmp) state theirs the same way in
+The dead letters (fail, quarantine, redrive, purge_failed), the group commit
+(deliver_batch) and recovery at start (recover, sweep_tmp) state theirs the same way in
 workers/dead_letters.py, workers/group_commit.py and workers/recovery.py; the file names
 are workers/filenames.py, the low-level I/O workers/fsio.py, the scan back into index
 rows workers/scan.py.
@@ -358,6 +358,12 @@ class Mailbox:
         )
         self._claimed.pop(message_id, None)
         return size
+
+    def redrive(self, message_id: str, now_ms: int) -> None:
+        """Requeue a dead letter: failed/<id> back to new/ as the message it was, its
+        "deadLetter" kept in its "requeues" (workers/dead_letters.py, crash states
+        there). In new/ it counts no hand-out (`deliveries_of`)."""
+        dead_letters.redrive(self.paths, check_id(message_id), now_ms)
 
     def quarantine(self, name: str, reason: str, code: str, now_ms: int) -> str:
         """Dead-letter a file in new/ that is not a valid envelope; returns its dead

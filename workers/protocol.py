@@ -28,7 +28,7 @@ Router → writer, ``[kind, msgpack header]`` or ``[kind, header, data]``:
 ``claim``    ``[sub, id, endpoint, deliveries]``: claim for subscription ``sub``: move
              new/ → cur/ (``deliveries`` 0), or, for a message returned after
              ``deliveries`` hand-outs, rename it in cur/ with its new count.
-``op``       ``[token, name, args]``: done, fail, requeue, purge, rebuild, watch,
+``op``       ``[token, name, args]``: done, fail, requeue, redrive, purge, rebuild, watch,
              compact_remove; answered by a ``reply`` with the same token.
 
 Writer → router:

@@ -53,6 +53,7 @@ from workers.index_changes import IndexChanges
 from workers.maildir import Mailbox
 from workers.process import run_until_stopped
 from workers.records import MessageRecord, State
+from workers.scan import read_record
 
 BEFORE_INDEX_COMMIT = "writer.before_index_commit"
 
@@ -415,6 +416,8 @@ class Writer:
             mailbox.requeue(args["id"])
             changes.requeues.append((args["id"], args["endpoint"]))
             return {"state": "new", "id": args["id"], "endpoint": args["endpoint"]}
+        if name == "redrive":
+            return self._redrive(args.get("items") or (), now, changes)
         if name == "watch":
             self._subjects[args["endpoint"]] = args["subject"]
             self._watch(args["endpoint"])
@@ -442,6 +445,28 @@ class Writer:
             changes.commit(self.index)  # the deletes first
             result["index"] = self.index.compact_storage(int(args.get("vacuumPages") or 0))
         return result
+
+    def _redrive(self, items: list[list[str]], now: int, changes: IndexChanges) -> dict[str, Any]:
+        """An operator's requeue of dead letters ([id, endpoint] each): each goes back to
+        new/ (`Mailbox.redrive`), its index row read back from the file, as a rebuild
+        would make it. One refused (gone, not a message) leaves the others be."""
+        requeued, refused = [], []
+        for message_id, endpoint in items:
+            key = (endpoint, message_id)
+            try:
+                mailbox = self._mailbox(endpoint)
+                self._own_renames.add(key)  # the rename into new/ is ours, not a drop-in
+                mailbox.redrive(message_id, now)
+            except (RelayError, OSError) as exc:
+                self._own_renames.discard(key)
+                error = exc if isinstance(exc, RelayError) else StorageError(str(exc))
+                refused.append({"id": message_id, "endpoint": endpoint, **error.to_wire()})
+                continue
+            record = read_record(mailbox, "new", message_id)
+            if record is not None:
+                changes.inserts.append(record)
+            requeued.append([message_id, endpoint])
+        return {"requeued": requeued, "refused": refused}
 
     def _require_claimed(self, message_id: str, endpoint: str) -> None:
         found = self._mailbox(endpoint).find(message_id)

@@ -49,6 +49,10 @@ class WriterWork:
     name: str
     args_by_shard: dict[int, dict[str, Any]]
     on_done: Callable[[Job], Any]
+    # Applied to each writer's answer (its result) as it comes, even after the request
+    # was answered unavailable at its deadline: what a writer did is done, and the
+    # router's state must follow (the ledger's queue of a requeued dead letter).
+    on_reply: Callable[[Any], None] | None = None
 
 
 class WriterStates(Protocol):

@@ -386,9 +386,13 @@ class Ledger:
         )
 
     def requeued(self, message_id: str, endpoint: str) -> None:
-        """An operator put a pending message back in new/: first in line again."""
-        if endpoint in self.queues:
-            _in_line(self.queues[endpoint].waiting, message_id)
+        """An operator put a pending message, or a dead letter, back in new/: in line
+        where its id puts it (usually first), as if read from new/ at start; once,
+        though a writer's hello may have read it from new/ already."""
+        queue = self.queues.get(endpoint)
+        if queue is not None:
+            if message_id not in queue.waiting:
+                _in_line(queue.waiting, message_id)
             self._dispatch(endpoint)
 
     def put_back(self, message_id: str, endpoint: str) -> None:

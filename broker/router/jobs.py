@@ -40,6 +40,7 @@ class Job:
     deadline: int
     remaining: int
     on_done: Callable[[Job], Any]  # builds the reply result (or raises RelayError)
+    on_reply: Callable[[Any], None] | None = None  # each answer, even late (WriterWork)
     results: list[Any] = field(default_factory=list)
     shards: set[int] = field(default_factory=set)
     error: RelayError | None = None
@@ -76,6 +77,9 @@ class WriterJobs:
         self.outgoing: dict[int, list[Delivery]] = {}
         self.parked_copies: dict[int, list[Delivery]] = {}
         self.parked_ops: dict[int, list[tuple[int, list[bytes]]]] = {}
+        # Operations answered at their deadline whose writers' answers still matter:
+        # token -> (on_reply, answers still to come, its shards).
+        self.late: dict[int, tuple[Callable[[Any], None], int, set[int]]] = {}
 
     # ----------------------------------------------------------------- jobs
 
@@ -131,6 +135,28 @@ class WriterJobs:
             return wire.ok_body(job.rid, job.on_done(job))
         except RelayError as exc:
             return wire.error_body(job.rid, exc)
+
+    def outlive(self, token: int, job: Job) -> None:
+        """``job`` is answered without all its writers: keep its ``on_reply`` for their
+        late answers (`late_reply`)."""
+        if job.on_reply is not None and job.remaining > 0:
+            self.late[token] = (job.on_reply, job.remaining, set(job.shards))
+
+    def late_reply(self, token: int) -> Callable[[Any], None] | None:
+        """The ``on_reply`` of an answer that came after its job was answered."""
+        kept = self.late.pop(token, None)
+        if kept is None:
+            return None
+        on_reply, remaining, shards = kept
+        if remaining > 1:
+            self.late[token] = (on_reply, remaining - 1, shards)
+        return on_reply
+
+    def writer_gone(self, shard: int) -> None:
+        """No late answer comes from a writer that went away (the Maildir, read again
+        at its next hello, says what it did)."""
+        for token in [t for t, (_, _, shards) in self.late.items() if shard in shards]:
+            del self.late[token]
 
     def due(self, now: int) -> Iterator[tuple[int, Job]]:
         """The jobs whose deadline passed, oldest first (they stay registered)."""

@@ -258,6 +258,7 @@ class Router:
         token, job = jobs.open(
             session.identity, rid, len(work.args_by_shard), work.on_done, now_ms()
         )
+        job.on_reply = work.on_reply
         for shard, args in work.args_by_shard.items():
             job.shards.add(shard)
             frames = proto.op(token, work.name, **args)

@@ -54,6 +54,9 @@ OPERATIONS: dict[str, Operation] = {
     "remove_rule": Operation(rq.RemoveRule.decode, admin.remove_rule, admin=True),
     "set_config": Operation(rq.SetConfig.decode, admin.set_config, admin=True),
     "purge_dead_letters": Operation(rq.Purge.decode, admin.purge_dead_letters, admin=True),
+    "requeue_dead_letters": Operation(
+        rq.RequeueDeadLetters.decode, admin.requeue_dead_letters, admin=True
+    ),
     "compact_remove": Operation(rq.CompactRemove.decode, admin.compact_remove, admin=True),
     "rebuild_index": Operation(rq.Empty.decode, admin.rebuild_index, admin=True),
     # reading

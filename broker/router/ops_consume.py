@@ -204,13 +204,15 @@ def _finish(
             ctx.reliability.consumer_outcome(endpoint, success=name == "done", now=now_ms())
         if name == "done" and sender:
             _delivery_receipt(ctx, message_id, endpoint, sender)
-        if name == "requeue":
-            ctx.ledger.requeued(message_id, endpoint)
         # The credit given back takes the next message at the end of this pass.
         return job.results[0]
 
+    def requeued(result: Any) -> None:  # in line again, even on an answer past the deadline
+        ctx.ledger.requeued(message_id, endpoint)
+
     shard = shard_of(endpoint, ctx.shards)
-    return WriterWork(name, {shard: {"id": message_id, "endpoint": endpoint, **args}}, finished)
+    work = {shard: {"id": message_id, "endpoint": endpoint, **args}}
+    return WriterWork(name, work, finished, on_reply=requeued if name == "requeue" else None)
 
 
 def _delivery_receipt(ctx: Context, message_id: str, endpoint: str, sender: str) -> None:

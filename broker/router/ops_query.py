@@ -4,6 +4,8 @@ what its rights let it receive or what it sent (auth.json)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 from typing import Any
 
@@ -12,6 +14,7 @@ from broker.router.context import Context, check_receives, may_receive, now_ms
 from broker.router.indexes import record_wire
 from broker.router.requests import DeadLetters, Empty, PendingOf, Trace
 from sdk import edge_state
+from sdk.errors import RelayError
 from sdk.paths import UNROUTABLE
 from sdk.types import EndpointInfo
 from workers.index import MAX_QUERY_LIMIT
@@ -84,13 +87,25 @@ def trace(ctx: Context, session: Session, req: Trace, rid: int) -> Any:
     replies = [r for r in ctx.indexes.replies_to(req.id) if visible(r)]
     return {
         "id": req.id,
-        "copies": [_wire(ctx, r) for r in sorted(shown, key=lambda r: r.endpoint)],
+        "copies": [_traced(ctx, r) for r in sorted(shown, key=lambda r: r.endpoint)],
         # The conversation: what answers this message (each copy), oldest first.
         "replies": [
             {"id": r.id, "endpoint": r.endpoint, "subject": r.subject, "from": r.sender}
             for r in replies
         ],
     }
+
+
+def _traced(ctx: Context, record: MessageRecord) -> dict[str, Any]:
+    """A copy in a trace: its index row, and the dead letters it was requeued from
+    (its file's "requeues", oldest first; workers/dead_letters.py `redrive`)."""
+    wire = _wire(ctx, record)
+    wire["requeues"] = []
+    with contextlib.suppress(RelayError, OSError, ValueError):
+        history = json.loads(ctx.indexes.read_copy(record)).get("requeues")
+        if isinstance(history, list):
+            wire["requeues"] = history
+    return wire
 
 
 def dead_letters(ctx: Context, session: Session, req: DeadLetters, rid: int) -> Any:

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from broker.redrive import MAX_PER_REQUEST
 from sdk.errors import EndpointNotFound, InvalidMessage
 from sdk.ids import check_id, is_id
 from sdk.paths import is_mailbox_name
@@ -276,6 +277,26 @@ class DeadLetters:
     def decode(cls, body: Body) -> DeadLetters:
         message_id = None if body.get("id") is None else check_id(body.get("id"))
         return cls(body.get("endpoint"), _limit(body), message_id)
+
+
+@dataclass(frozen=True, slots=True)
+class RequeueDeadLetters:
+    """One message's dead letters (``id``, in ``endpoint`` if given), or up to ``limit``
+    of one endpoint's, in id order after ``after``."""
+
+    endpoint: Any  # as in DeadLetters
+    limit: int
+    id: str | None = None
+    after: str | None = None
+
+    @classmethod
+    def decode(cls, body: Body) -> RequeueDeadLetters:
+        message_id = None if body.get("id") is None else check_id(body.get("id"))
+        after = None if body.get("after") is None else check_id(body.get("after"), "after")
+        if message_id is None and body.get("endpoint") is None:
+            raise InvalidMessage("requeue_dead_letters needs an 'id' or an 'endpoint'")
+        limit = _limit(body, maximum=MAX_PER_REQUEST)
+        return cls(body.get("endpoint"), limit, message_id, after)
 
 
 @dataclass(frozen=True, slots=True)

@@ -112,9 +112,14 @@ def replied(ctx: Context, reply: proto.Reply) -> None:
             log.warning("%s/%s not put back: %s", put_back[1], put_back[0], reply.result)
         return
     job = ctx.jobs.pending.get(reply.token)
-    if job is None:
+    if job is None:  # answered already (its deadline passed): its effect still counts
+        on_reply = ctx.jobs.late_reply(reply.token)
+        if on_reply is not None and reply.ok:
+            on_reply(reply.result)
         return
     if reply.ok:
+        if job.on_reply is not None:
+            job.on_reply(reply.result)
         job.results.append(reply.result)
     else:
         result = reply.result
@@ -146,6 +151,7 @@ def writer_gone(ctx: Context, shard: int) -> None:
     put-backs it held are sent again then too.
     """
     log.warning("writer for shard %d disconnected", shard)
+    ctx.jobs.writer_gone(shard)
     error = f"writer for shard {shard} stopped before confirming"
     for token, job in ctx.jobs.on_shard(shard):
         if not job.is_publish:  # an operation: it fails as a whole
@@ -195,6 +201,7 @@ def sweep(ctx: Context, now: int) -> None:
     for token, job in ctx.jobs.due(now):
         expired = True
         if not job.is_publish:  # an operation fails as a whole
+            ctx.jobs.outlive(token, job)
             ctx.jobs.forget(token)
             error = Unavailable(_timed_out(ctx, job.shards))
             ctx.replies.add(job.client, wire.error_body(job.rid, error))

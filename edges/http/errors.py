@@ -28,6 +28,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "unknown_operation": 404,
     "already_claimed": 409,
     "invalid_state": 409,
+    "ttl_expired": 409,
     "payload_too_large": 413,
     "limit_exceeded": 429,
     "internal": 500,

@@ -191,6 +191,28 @@ OPERATIONS: list[tuple[str, str, str, list[dict], dict | None, int | tuple[int, 
     ),
     (
         "post",
+        "/api/dead-letters/requeue",
+        "Operators: requeue an endpoint's dead letters, oldest first, a bounded page",
+        [
+            _param("endpoint", "query", "endpoint hash or subject (required)"),
+            _param("limit", "query", "1-200, default 100", {"type": "integer"}),
+            _param("after", "query", "go on after this message id", _ID),
+        ],
+        None,
+        200,
+        _ref("Requeued"),
+    ),
+    (
+        "post",
+        "/api/dead-letters/{id}/requeue",
+        "Operators: a message's dead letter back to its endpoint's new/, under its own id",
+        [MESSAGE_ID],
+        _ref("EndpointRequest"),
+        200,
+        _ref("Requeued"),
+    ),
+    (
+        "post",
         "/api/dead-letters/{id}/republish",
         "Publish a dead letter's payload again, as its sender",
         [MESSAGE_ID],
@@ -434,6 +456,16 @@ SCHEMAS: dict[str, Any] = {
         },
         ["id", "endpoint", "answer", "state", "deliveries"],
     ),
+    "Requeued": _object(
+        {
+            "requeued": _list(_object({"id": _ID, "endpoint": _HASH})),
+            "refused": _list(
+                _object({"id": _ID, "endpoint": _HASH, "code": _STRING, "message": _STRING})
+            ),
+            "more": {"type": "boolean", "description": "more dead letters remain after these"},
+            "after": {**_nullable("string"), "description": "with more: pass it to go on"},
+        }
+    ),
     "MessageCopy": _object(
         {
             "id": _ID,
@@ -453,6 +485,13 @@ SCHEMAS: dict[str, Any] = {
                 "type": "object",
                 "description": "the message file (an envelope, plus deadLetter when failed)",
             },
+            "requeues": _list(
+                {
+                    "type": "object",
+                    "description": "trace: a dead letter it was requeued from (its "
+                    "deadLetter fields and requeuedAt), oldest first",
+                }
+            ),
         },
         ["id", "endpoint", "subject", "endpointSubject", "from", "state", "createdAt"],
     ),

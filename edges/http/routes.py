@@ -257,13 +257,42 @@ async def purge_dead_letters(request: Request) -> Response:
     return JSONResponse({"purged": purged})
 
 
+async def requeue_dead_letter(request: Request) -> Response:
+    """Operators: one message's dead letter back to its endpoint's new/, under its own
+    id (the router's requeue_dead_letters); ``endpoint`` picks one of a fan-out's. A
+    refusal (``ttl_expired``, ...) is the router's error."""
+    session = await session_of(request)
+    body = await json_body(request)
+    message_id = check_id(request.path_params["id"], "message id")
+    endpoint = field(body, "endpoint", str, required=False) or request.query_params.get("endpoint")
+    answer = await session.client.requeue_dead_letters(endpoint, message_id=message_id)
+    return JSONResponse(answer)
+
+
+async def requeue_dead_letters(request: Request) -> Response:
+    """Operators: up to ``limit`` dead letters of one endpoint, oldest first, after the
+    id ``after``; the answer says whether more remain and the ``after`` to go on."""
+    session = await session_of(request)
+    query = request.query_params
+    endpoint = query.get("endpoint")
+    if not endpoint:
+        raise invalid("query parameter 'endpoint' names the endpoint whose dead letters go back")
+    after = query.get("after")
+    answer = await session.client.requeue_dead_letters(
+        endpoint,
+        limit=int(query_number(request, "limit", 100, 1, 200)),  # broker/redrive.py
+        after=check_id(after, "after") if after else None,
+    )
+    return JSONResponse(answer)
+
+
 async def republish_dead_letter(request: Request) -> Response:
     """Publish a dead letter's payload again, as its sender (the router checks that this
     identity may send as it): a new message with a fresh budget and ``republishedFrom``
     set to the dead letter's id. It goes to the endpoint it failed in, or, for an
     ``_unroutable`` one (or one whose endpoint was unregistered since), to the subject it
-    was published to. The router has no requeue of a failed copy; the dead letter stays
-    until purged."""
+    was published to. The dead letter stays until purged; `requeue_dead_letter` is the
+    other way back: the same message, under its own id."""
     session = await session_of(request)
     body = await json_body(request)
     message_id = check_id(request.path_params["id"], "message id")
@@ -370,6 +399,8 @@ ROUTES = [
     Route("/api/messages/{id}/requeue", requeue, methods=["POST"]),
     Route("/api/dead-letters", dead_letters, methods=["GET"]),
     Route("/api/dead-letters", purge_dead_letters, methods=["DELETE"]),
+    Route("/api/dead-letters/requeue", requeue_dead_letters, methods=["POST"]),
+    Route("/api/dead-letters/{id}/requeue", requeue_dead_letter, methods=["POST"]),
     Route("/api/dead-letters/{id}/republish", republish_dead_letter, methods=["POST"]),
     Route("/api/trace/{id}", trace, methods=["GET"]),
     Route("/api/rules", list_rules, methods=["GET"]),

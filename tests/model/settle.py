@@ -64,7 +64,8 @@ def fail(world: World, model: Model, title: str, lines: list[str]) -> NoReturn:
         for s in world.subs
     )
     clients = "\n".join(
-        f"  {c.name}{' closed' if c.closed else ''}: subscription ids {sorted(c.client._subs)}"
+        f"  {c.name}{' closed' if c.closed else ''}: "
+        f"subscription ids {sorted(c.client._subscriptions.workers)}"
         for c in world.clients
     )
     raise AssertionError(

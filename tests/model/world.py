@@ -63,16 +63,16 @@ CONSUMER_SCRIPT = r"""
 import os, signal, sys, threading, time
 import zmq
 from sdk import wire
-from sdk.client import Client, connect
+from sdk.client import connect
+from sdk.subscriptions import Subscriptions
 home, pattern, credit, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-take = Client._take
-def _take(self, incoming):
-    if isinstance(incoming, wire.Push):
-        line = f"{incoming.id} {incoming.endpoint} {incoming.deliveries} {incoming.sub}"
-        os.write(fd, f"{line} {time.monotonic():.6f}\n".encode())
-    take(self, incoming)
-Client._take = _take
+pushed = Subscriptions.pushed
+def _pushed(self, push):
+    line = f"{push.id} {push.endpoint} {push.deliveries} {push.sub}"
+    os.write(fd, f"{line} {time.monotonic():.6f}\n".encode())
+    pushed(self, push)
+Subscriptions.pushed = _pushed
 silent = threading.Event()
 encode = wire.encode_request
 def encode_request(op, rid, **fields):
@@ -227,14 +227,14 @@ class World:
 
     def open_client(self) -> ClientHandle:
         handle = ClientHandle(f"c{len(self.clients)}", self.broker.client())
-        original = handle.client._take
+        subscriptions = handle.client._subscriptions
+        original = subscriptions.pushed
 
-        def take(incoming: Any) -> None:
-            if isinstance(incoming, wire.Push):
-                self._pushed(handle, incoming)
-            original(incoming)
+        def pushed(push: wire.Push) -> None:
+            self._pushed(handle, push)
+            original(push)
 
-        handle.client._take = take  # type: ignore[method-assign]
+        subscriptions.pushed = pushed  # type: ignore[method-assign]
         self.clients.append(handle)
         return handle
 
@@ -250,7 +250,7 @@ class World:
 
     def _pushed(self, handle: ClientHandle, push: wire.Push) -> None:
         now = time.monotonic()
-        worker = handle.client._subs.get(push.sub)
+        worker = handle.client._subscriptions.workers.get(push.sub)
         handler = getattr(worker, "handler", None)
         with self.lock:
             if not isinstance(handler, Handler):
@@ -497,7 +497,7 @@ class World:
         said hello to the new router (the claims it names are then not yet known to
         the router as claims in cur/)."""
         killed = time.monotonic()
-        sessions = {h: h.client._session for h in self.clients if not h.closed}
+        sessions = {h: h.client._transport.session for h in self.clients if not h.closed}
         self.broker.kill("router")
         if writers is not None:
             for shard in range(self.broker.shards):
@@ -507,7 +507,7 @@ class World:
         self.broker.start_router()
         if writers == "after_hello":
             wait_for(
-                lambda: all(h.client._session != old for h, old in sessions.items()),
+                lambda: all(h.client._transport.session != old for h, old in sessions.items()),
                 15,
                 interval=0.02,
                 what="every open client to say hello to the new router",

@@ -173,7 +173,12 @@ async function showTrace(id) {
       cell(row, time(c.storedAt), "time");
       cell(row, time(c.claimedAt), "time");
       cell(row, time(c.finishedAt), "time");
-      cell(row, c.reason);
+      const reason = cell(row, c.reason);
+      // The dead letters it was requeued from (an operator's requeue), oldest first.
+      for (const r of c.requeues || []) {
+        const text = `requeued ${time(r.requeuedAt)} after ${r.code}: ${r.reason}`;
+        reason.append(line(text, "meta requeued"));
+      }
     }
     const title = document.createElement("p");
     title.innerHTML = 'Message <code></code> <span class="meta"></span>';
@@ -250,6 +255,9 @@ async function refreshDeadLetters() {
     reason.append(line(d.reason, "clamp"));
     reason.title = d.reason || "";
     const actions = row.insertCell();
+    // Requeue: the same message back in line (a dead letter of a registered endpoint);
+    // republish: a new message with a new id.
+    if (d.endpointSubject) actions.append(button("Requeue", "requeue", () => requeue(d)));
     actions.append(
       button("Republish", "republish", () => republish(d)),
       button("Purge endpoint", "purge danger", () => purge(d.endpoint, d.endpointSubject)),
@@ -290,6 +298,13 @@ function purge(endpoint, subject) {
   return operator(
     () => api("DELETE", `/api/dead-letters${query}`),
     (r) => `purged ${r.purged} dead letter(s)`,
+  );
+}
+
+function requeue(letter) {
+  return operator(
+    () => api("POST", `/api/dead-letters/${letter.id}/requeue`, { endpoint: letter.endpoint }),
+    (r) => `requeued ${r.requeued.map((c) => c.id).join(", ")} to ${letter.endpointSubject}`,
   );
 }
 

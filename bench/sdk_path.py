@@ -1,0 +1,140 @@
+"""The SDK's own share of a synchronous publish, 1 in flight: what it adds to the same
+request on a bare DEALER, and where in the SDK that time goes.
+
+    python -m bench.sdk_path [--rounds N] [--block N] [--stages N]
+
+Starts a broker (2 shards, real processes, a home of its own). Then, ``--rounds``
+times, ``--block`` publishes through `Client.publish` and as many of the same request
+(same subject, payload and sender) on a bare DEALER that sends and reads itself: the
+median of each and their difference is the SDK's cost (its threads, futures, the
+reply's conversion), measured in the same minutes as the broker's own time. Then
+``--stages`` publishes, each after 5 ms of sleep (every thread asleep, as in the
+bench's handler row), with timestamps taken by wrapping the SDK's functions from
+outside: the median time of each stage. A measurement: nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+import sdk.transport as transport
+from bench.common import remove_when_done, stop_broker
+from sdk import wire
+from sdk.client import Client
+from tests.harness import Broker
+
+SUBJECT, SENDER = "relay.agent.bench.path", "relay.agent.bench.producer"
+PAYLOAD = {"content": "x" * 300, "performative": "inform"}
+STAGES = {
+    "caller: publish() until queued for the I/O thread": "queued",
+    "I/O thread wakes and takes it": "io_woke",
+    "I/O thread: sent on the DEALER": "on_dealer",
+    "broker: router, writer, router (until the I/O thread reads)": "io_read",
+    "I/O thread: reply decoded, futures resolved": "taken",
+    "caller wakes, publish() returns": "caller",
+}
+
+
+def sdk_cost(client: Client, rounds: int, block: int) -> dict[str, float]:
+    bare = zmq.Context.instance().socket(zmq.DEALER)
+    bare.setsockopt(zmq.LINGER, 0)
+    bare.connect(client.address)
+    bare.send_multipart(wire.encode_request("hello", 1, client="bench", batch=False))
+    bare.recv_multipart()
+    fields: dict[str, Any] = {"subject": SUBJECT, "payload": PAYLOAD, "from": SENDER}
+    through_sdk: list[float] = []
+    on_bare: list[float] = []
+    for n in range(rounds):
+        for _ in range(block):
+            t0 = time.perf_counter_ns()
+            client.publish(SUBJECT, PAYLOAD, sender=SENDER)
+            through_sdk.append((time.perf_counter_ns() - t0) / 1000)
+        for k in range(block):
+            t0 = time.perf_counter_ns()
+            bare.send_multipart(wire.encode_request("publish", 2 + n * block + k, **fields))
+            (reply,) = wire.decode_incoming_all(bare.recv_multipart())
+            on_bare.append((time.perf_counter_ns() - t0) / 1000)
+            assert isinstance(reply, wire.Reply) and reply.ok, reply
+    bare.close(0)
+    sdk_p50, bare_p50 = statistics.median(through_sdk), statistics.median(on_bare)
+    return {"sdk p50": sdk_p50, "bare p50": bare_p50, "SDK's cost": sdk_p50 - bare_p50}
+
+
+def stages(client: Client, count: int) -> dict[str, float]:
+    """Median µs of each stage (see STAGES), by wrapping the transport's functions."""
+    marks: dict[str, int] = {}
+    now = time.perf_counter_ns
+
+    def mark(cls: Any, name: str, label: str, *, after: bool) -> None:
+        original = getattr(cls, name)
+
+        def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not after:
+                marks.setdefault(label, now())
+            result = original(self, *args, **kwargs)
+            if after:
+                marks.setdefault(label, now())
+            return result
+
+        setattr(cls, name, wrapped)
+
+    mark(transport.Transport, "send_request", "queued", after=True)
+    mark(transport.Transport, "_forward", "io_woke", after=False)
+    mark(transport.Transport, "_receive", "io_read", after=False)
+    mark(transport.Transport, "_take", "taken", after=True)
+    send_parts = transport.send_parts
+
+    def sent(sock: zmq.Socket, parts: Any, flags: int = 0, copy: bool = True) -> None:
+        send_parts(sock, parts, flags, copy)
+        marks.setdefault("on_dealer", now())
+
+    transport.send_parts = sent  # type: ignore[assignment]
+    spans: dict[str, list[float]] = {label: [] for label in STAGES.values()}
+    for _ in range(count):
+        time.sleep(0.005)
+        marks.clear()
+        start = now()
+        client.publish(SUBJECT, PAYLOAD, sender=SENDER)
+        marks["caller"] = now()
+        previous = start
+        for label in spans:
+            spans[label].append((marks[label] - previous) / 1000)
+            previous = marks[label]
+    return {name: statistics.median(spans[label]) for name, label in STAGES.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.sdk_path", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--block", type=int, default=100)
+    parser.add_argument("--stages", type=int, default=200)
+    args = parser.parse_args()
+    home = Path(tempfile.mkdtemp(prefix="relay-sdk-path-"))
+    broker = Broker(shards=2, home=home)
+    broker.start()
+    try:
+        client = broker.client()
+        client.register_endpoint(SUBJECT)
+        for _ in range(100):  # warm every path
+            client.publish(SUBJECT, PAYLOAD, sender=SENDER)
+        for name, value in {**sdk_cost(client, args.rounds, args.block)}.items():
+            print(f"{name:60s} {value:8.1f} µs")
+        if args.stages:
+            print("stages, each publish after 5 ms asleep (median):")
+            for name, value in stages(client, args.stages).items():
+                print(f"  {name:58s} {value:8.1f} µs")
+        client.close()
+    finally:
+        stop_broker(broker)
+        remove_when_done(home)
+
+
+if __name__ == "__main__":
+    main()

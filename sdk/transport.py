@@ -1,0 +1,488 @@
+"""A client's connection to its router: the one owner of the ZeroMQ sockets, the I/O
+thread, the requests in flight with their deadlines, and the session.
+
+Calling threads hand requests to the I/O thread through an inproc socket
+(`send_request`) and wait on a future with a deadline (`wait`). The I/O thread alone
+owns the sockets (a DEALER to the router, a SUB for signals): it forwards what callers
+queued, as batch frames when the broker takes them, takes replies and pushed messages,
+pings every `HEARTBEAT_S`, and fails requests past their deadline or refused at the
+handshake. What is not the reply to a request it hands up through a small interface,
+`Consumer` (pushed messages, the subscriptions the router holds, answers whose delay
+passed), and a sink for signal messages.
+
+The session is the transport's too: the hello's token and the hand-outs this client
+holds (sdk/holdings.py). When a heartbeat's reply names another session (the router
+restarted, or ended a silent session), it says hello again with both, so that what the
+client holds stays its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Protocol
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from sdk import wire
+from sdk.curve import CurveKeys
+from sdk.errors import NotAuthorized, RelayError, Timeout, Unavailable
+from sdk.holdings import Holdings
+from sdk.quiet import QuietSignals
+from sdk.sockets import NOBLOCK, send_parts
+
+log = logging.getLogger("relay.client")
+
+HEARTBEAT_S = 1.0
+IO_POLL_MS = 200  # the I/O thread's longest sleep
+# A refusal, not a connection cut mid-handshake (NO_DETAIL: a router restarting).
+_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+_numbers = itertools.count(1)  # names each transport's inproc socket uniquely
+
+Request = tuple[str, dict[str, Any]]  # an operation and its fields
+ReplyHook = Callable[[Any], None]  # called on the I/O thread with a request's result
+SignalSink = Callable[[list[list[bytes]]], None]  # messages of the signals socket
+
+
+class Consumer(Protocol):
+    """What the I/O thread hands to the client's subscriptions (on that thread)."""
+
+    def pushed(self, push: wire.Push) -> None:
+        """A message pushed for a subscription."""
+
+    def router_holds(self, subs: set[int]) -> None:
+        """A heartbeat's reply: the ids of the subscriptions the router holds for us."""
+
+    def answers_due(self, now: float, send: Callable[[list[Request]], None]) -> float | None:
+        """Send, through ``send``, the answers whose delay passed; returns when the next
+        waiting one is due (monotonic), None when none waits."""
+
+
+class Transport:
+    """The sockets, the I/O thread, the requests in flight and the session."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float,
+        ctx: zmq.Context | None = None,
+        curve: CurveKeys | None = None,
+        quiet_limit: int,
+        acting_for: str | None = None,
+    ) -> None:
+        self.address = address
+        self.timeout = timeout  # a request's deadline unless it says another
+        self._curve = curve
+        # Every request names the identity it acts for (a delegate's connection:
+        # docs/security.md, "Delegation"); empty: the connection's own identity.
+        self._acting: dict[str, str] = {"actingFor": acting_for} if acting_for else {}
+        self._ctx = ctx or zmq.Context.instance()
+        self._rids = itertools.count(1)
+        self._futures: dict[int, Future] = {}
+        self._deadlines: dict[int, float] = {}  # rid -> time.monotonic() deadline
+        self._on_reply: dict[int, ReplyHook] = {}  # rid -> run on the I/O thread first
+        self._lock = threading.Lock()  # sends to the I/O thread; never taken by it
+        self._closed = False
+        outbox_addr = f"inproc://relay-client-{next(_numbers)}"
+        self._outbox_in = self._ctx.socket(zmq.PULL)
+        self._outbox_in.bind(outbox_addr)
+        self._outbox = self._ctx.socket(zmq.PUSH)
+        self._outbox.setsockopt(zmq.LINGER, 0)
+        self._outbox.connect(outbox_addr)
+        self._quiet = QuietSignals(quiet_limit)  # signal(wait=False), not yet sent
+        self._requests_sent = 0  # closes the open segment of quiet signals (sdk/quiet.py)
+        self._refused: NotAuthorized | None = None  # the broker refused our handshake
+        self._batch_limit = 1  # requests per frame; the broker's hello may raise it
+        self.holdings = Holdings()
+        self.session: str | None = None  # the hello's token, named to resume
+        self._resuming = threading.Lock()
+        self._consumer: Consumer
+        self._signals: SignalSink
+        self._io = threading.Thread(target=self._io_loop, name="relay-client-io", daemon=True)
+        self._io_ready = threading.Event()
+
+    # ------------------------------------------------------------------ calling threads
+
+    def open(self, consumer: Consumer, signals: SignalSink) -> dict[str, Any]:
+        """Start the I/O thread and say hello; returns the router's hello (closed and a
+        typed error when none comes)."""
+        self._consumer, self._signals = consumer, signals
+        self._io.start()
+        self._io_ready.wait(5)
+        try:
+            server = self.call("hello", client=_client_name(), batch=True)
+        except RelayError as exc:
+            self.close()
+            if not isinstance(exc, Timeout) or self._refused:
+                raise self._refused or exc from None
+            raise Unavailable(
+                f"broker unavailable at {self.address}: no answer within {self.timeout:g} s "
+                "(is `relay up` running for this home?)"
+            ) from None
+        self.session = server.get("session")
+        self._batch_limit = max(1, min(int(server.get("batch", 1)), wire.MAX_BATCH))
+        return server
+
+    @property
+    def alive(self) -> bool:
+        """The I/O thread runs: requests can still leave."""
+        return self._io.is_alive()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def send_request(
+        self,
+        op: str,
+        *,
+        timeout: float | None = None,
+        on_reply: ReplyHook | None = None,
+        **fields: Any,
+    ) -> Future:
+        """Send one request; the future holds the result or the typed error (a Timeout
+        when no reply comes within ``timeout``, default the transport's). ``on_reply``
+        runs on the I/O thread with a successful result before anything read after it."""
+        rid = next(self._rids)
+        future: Future = Future()
+        body = wire.encode_request(op, rid, **self._acting, **fields)[1]
+        with self._lock:  # close() takes it too: no send on a closed socket
+            if self._closed:
+                raise Unavailable("client is closed")
+            self._futures[rid] = future
+            self._deadlines[rid] = time.monotonic() + (self.timeout if timeout is None else timeout)
+            if on_reply is not None:
+                self._on_reply[rid] = on_reply
+            self._outbox.send(b"R" + rid.to_bytes(8, "big") + body)
+            self._requests_sent += 1
+        return future
+
+    def call(self, op: str, *, timeout: float | None = None, **fields: Any) -> Any:
+        """One request and its result (or typed error) within the deadline."""
+        return self.wait(self.send_request(op, timeout=timeout, **fields), op, timeout)
+
+    def wait(self, future: Future, op: str, timeout: float | None = None) -> Any:
+        """The future's result within ``timeout`` (default the transport's), or a typed
+        Timeout."""
+        limit = self.timeout if timeout is None else timeout
+        try:
+            return future.result(limit)
+        except FutureTimeout:
+            raise Timeout(
+                f"no reply to {op!r} from the broker at {self.address} within {limit:g} s"
+            ) from None
+
+    def send_quietly(self, op: str, timeout: float | None, **fields: Any) -> None:
+        """Queue a request sent without a reply (a signal with wait=False); `Full`
+        (sdk/quiet.py) when no room came in ``timeout``."""
+        body = wire.encode_request(op, 0, reply=False, **self._acting, **fields)[1]
+        self._quiet.wait_for_room(timeout)  # not under the lock: the I/O thread frees room
+        with self._lock:  # as requests are sent: one order for signals and requests
+            if self._closed:
+                raise Unavailable("client is closed")
+            if not self._quiet.add(body, self._requests_sent):
+                return  # the marker of its segment is on its way already
+            try:
+                self._outbox.send(b"Q")
+            except BaseException:
+                self._quiet.withdraw_last()  # no marker would ever take it
+                raise
+
+    def listen_signals(self, address: str) -> None:
+        """Connect the signals socket to the router's."""
+        self._to_io(b"C" + address.encode())
+
+    def follow_signals(self, prefix: bytes) -> None:
+        """Subscribe the signals socket to a topic prefix."""
+        self._to_io(b"S" + prefix)
+
+    def wake(self) -> None:
+        """Have the I/O thread, which may sleep up to IO_POLL_MS, ask its consumer when
+        answers are due (a handler thread started a batch of them)."""
+        self._to_io(b"A")
+
+    def _to_io(self, item: bytes) -> None:
+        with self._lock:
+            if not self._closed:
+                self._outbox.send(item)
+
+    def holding(
+        self, message_id: str, endpoint: str, deliveries: int, ack_wait_ms: int | None
+    ) -> None:
+        """The router handed us a message: named in a hello until it is answered."""
+        self.holdings.holding(message_id, endpoint, deliveries, ack_wait_ms, time.monotonic())
+
+    def answered(self, message_id: str, endpoint: str, deliveries: int) -> None:
+        self.holdings.answered(message_id, endpoint, deliveries)
+
+    def still_working(self, message_id: str, endpoint: str, deliveries: int) -> None:
+        self.holdings.still_working(message_id, endpoint, deliveries, time.monotonic())
+
+    def close(self) -> None:
+        """Stop the I/O thread; what still waits for a reply fails `Unavailable`."""
+        with self._lock:
+            self._closed = True
+        self._quiet.close()
+        if self._io.ident is not None:
+            self._io.join(2)
+        self._outbox.close(0)
+        for future in list(self._futures.values()):
+            if not future.done():
+                future.set_exception(Unavailable("client closed"))
+        self._futures.clear()
+
+    def _resume(self) -> None:
+        """Say hello again to a router that forgot us, naming our session and the
+        messages we hold, so that it does not hand them to anyone else."""
+        if not self._resuming.acquire(blocking=False):
+            return  # under way
+        try:
+            hello = self.call(
+                "hello",
+                client=_client_name(),
+                batch=True,
+                session=self.session,
+                holding=self.holdings.named(time.monotonic()),
+            )
+            self.session = hello.get("session", self.session)
+        except RelayError as exc:
+            if not self._closed:  # closing meanwhile ends the session anyway
+                log.warning("could not resume the session with the broker: %s", exc)
+        finally:
+            self._resuming.release()
+
+    # ------------------------------------------------------------------ the I/O thread
+
+    def _open_dealer(self, poller: zmq.Poller) -> tuple[zmq.Socket, zmq.Socket]:
+        """A DEALER to the router, and the monitor that reports a refused handshake."""
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        if self._curve is not None:
+            self._curve.apply(dealer)
+        refusals = dealer.get_monitor_socket(_REFUSED)
+        dealer.connect(self.address)
+        poller.register(dealer, zmq.POLLIN)
+        poller.register(refusals, zmq.POLLIN)
+        return dealer, refusals
+
+    @staticmethod
+    def _close_dealer(poller: zmq.Poller, dealer: zmq.Socket, refusals: zmq.Socket) -> None:
+        for sock in (dealer, refusals):
+            poller.unregister(sock)
+        dealer.disable_monitor()
+        refusals.close(0)
+        dealer.close(0)
+
+    def _io_loop(self) -> None:
+        poller = zmq.Poller()
+        self._dealer, refusals = self._open_dealer(poller)
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.LINGER, 0)
+        if self._curve is not None:
+            self._curve.apply(self._sub)
+        poller.register(self._outbox_in, zmq.POLLIN)
+        poller.register(self._sub, zmq.POLLIN)
+        self._io_ready.set()
+        next_ping = time.monotonic() + HEARTBEAT_S
+        wait_ms = IO_POLL_MS
+        try:
+            while not self._closed:
+                for sock, _ in poller.poll(wait_ms):
+                    if sock is self._outbox_in:
+                        self._forward()
+                    elif sock is self._dealer:
+                        self._receive()
+                    elif sock is refusals:
+                        self._refuse(recv_monitor_message(refusals))
+                        # A fresh socket: the refused one would send what it queued
+                        # if a later handshake passed, after we reported it failed.
+                        self._close_dealer(poller, self._dealer, refusals)
+                        self._dealer, refusals = self._open_dealer(poller)
+                        break
+                    else:
+                        self._receive_signals()
+                # Always, not only while subscribed: a message being handled after an
+                # unsubscribe can still be acknowledged only by a live session.
+                now = time.monotonic()
+                due = self._consumer.answers_due(now, self._send_now)
+                wait_s = IO_POLL_MS / 1000 if due is None else min(IO_POLL_MS / 1000, due - now)
+                wait_ms = max(1, math.ceil(wait_s * 1000))
+                if now >= next_ping:
+                    with contextlib.suppress(zmq.Again):  # never block the I/O thread
+                        self._dealer.send_multipart(
+                            wire.encode_request("ping", 0, batch=True), zmq.NOBLOCK
+                        )
+                    next_ping = now + HEARTBEAT_S
+                    self._expire(now)
+        finally:
+            self._close_dealer(poller, self._dealer, refusals)
+            self._sub.close(0)
+            self._outbox_in.close(0)
+
+    def _send_now(self, requests: list[Request]) -> None:
+        """Send requests whose replies nobody waits for (answers whose delay passed)
+        straight on the DEALER, without the lock: a caller blocked on the full queue to
+        this thread may hold it. What callers queued before is forwarded first, so an
+        ack never overtakes its handler's reply or publish."""
+        while self._forward() == wire.MAX_BATCH:
+            pass
+        rids = [next(self._rids) for _ in requests]  # no future: their replies are dropped
+        bodies = [
+            wire.encode_request(op, rid, **self._acting, **fields)[1]
+            for rid, (op, fields) in zip(rids, requests, strict=True)
+        ]
+        self._send(rids, bodies)
+
+    def _expire(self, now: float) -> None:
+        """Fail the requests whose deadline passed: no future waits forever, not even
+        one nobody calls result() on with a timeout (publish_async)."""
+        for rid, deadline in list(self._deadlines.items()):
+            if deadline <= now:
+                error = f"no reply from the broker at {self.address} within the deadline"
+                self._fail(rid, Timeout(error))
+
+    def _refuse(self, event: dict[str, Any]) -> None:
+        """The broker refused our credentials (ZAP): fail what waits now, not at the
+        deadline. Requests sent later go to a new socket and may succeed (a key added)."""
+        how = "refused" if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH else "failed"
+        key = "with a CURVE key" if self._curve else "without a key (uid check)"
+        self._refused = NotAuthorized(
+            f"the broker at {self.address} {how} this connection's handshake {key}; "
+            "see auth.json and docs/security.md"
+        )
+        for rid in list(self._futures):
+            self._fail(rid, self._refused)
+
+    def _fail(self, rid: int, error: RelayError) -> None:
+        self._deadlines.pop(rid, None)
+        self._on_reply.pop(rid, None)
+        future = self._futures.pop(rid, None)
+        if future is not None and not future.done():
+            future.set_exception(error)
+
+    def _forward(self) -> int:
+        """Move what callers queued to the sockets; returns how many items it took (at
+        most wire.MAX_BATCH). Requests queued together leave together, as one batch
+        frame when the broker takes batches: under load that is one ZeroMQ message, and
+        one reply frame back, for many publishes."""
+        rids: list[int] = []
+        bodies: list[bytes] = []
+        taken = 0
+        while taken < wire.MAX_BATCH:  # bounded: replies and pings get their turn
+            try:
+                item = self._outbox_in.recv(zmq.NOBLOCK)  # one frame: a kind byte, its data
+            except zmq.Again:
+                break
+            taken += 1
+            kind = item[:1]
+            if kind == b"R":  # a request: 8 bytes of rid, then the body
+                rid = int.from_bytes(item[1:9], "big")
+                if rid in self._futures:  # not failed already (refused, expired)
+                    rids.append(rid)
+                    bodies.append(item[9:])
+            elif kind == b"Q":  # signals sent with wait=False: one segment of them
+                quiet = self._quiet.take()
+                rids.extend([0] * len(quiet))
+                bodies.extend(quiet)
+            elif kind == b"C":  # connect the signal socket
+                self._sub.connect(item[1:].decode())
+            elif kind == b"S":  # subscribe the signal socket to a prefix
+                self._sub.setsockopt(zmq.SUBSCRIBE, item[1:])
+            # b"A": answers wait; the loop sets its next wake-up by their deadline
+        self._send(rids, bodies)
+        return taken
+
+    def _send(self, rids: list[int], bodies: list[bytes]) -> None:
+        """Send request bodies, as batch frames when the broker takes them. What the full
+        queue to an unreachable broker refuses fails its futures; what has none (signals
+        sent with wait=False: rid 0; answers) is dropped with a log line."""
+        for part, body in wire.frames(bodies, self._batch_limit):
+            try:
+                send_parts(self._dealer, [wire.MAGIC, body], NOBLOCK)
+            except zmq.ZMQError as exc:  # EAGAIN
+                error = f"broker at {self.address} unreachable: {exc}"
+                dropped = 0
+                for rid in rids[part.start : part.stop]:
+                    if rid in self._futures:
+                        self._fail(rid, Unavailable(error))
+                    else:
+                        dropped += 1
+                if dropped:
+                    log.warning(
+                        "%d signals (wait=False) or acks dropped (acked messages stay held): %s",
+                        dropped,
+                        error,
+                    )
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                frames = self._dealer.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                items = wire.decode_incoming_all(frames)
+            except RelayError:
+                log.warning("undecodable frames from the broker dropped")
+                continue
+            for incoming in items:
+                self._take(incoming)
+
+    def _take(self, incoming: wire.Reply | wire.Push) -> None:
+        if isinstance(incoming, wire.Push):
+            self._consumer.pushed(incoming)
+            return
+        if incoming.rid == 0:  # the heartbeat's (a signal sent without reply has none)
+            if incoming.ok:
+                self._heartbeat(incoming.result)
+            return
+        self._deadlines.pop(incoming.rid, None)
+        on_reply = self._on_reply.pop(incoming.rid, None)
+        future = self._futures.pop(incoming.rid, None)
+        if future is None or future.cancelled():  # the caller gave up on it
+            return
+        if incoming.ok:
+            if on_reply is not None:
+                # Before the pushes that follow the reply are read (a subscription's
+                # backlog follows its subscribe reply).
+                on_reply(incoming.result)
+            future.set_result(incoming.result)
+        else:
+            future.set_exception(incoming.error)
+
+    def _heartbeat(self, pong: Any) -> None:
+        """The ping's reply names the session and the subscriptions the router holds for
+        us. Another session: the router forgot this client; say hello again (on another
+        thread: this is the I/O thread) with what it holds, so that it stays its own."""
+        held = pong.get("subs") if isinstance(pong, dict) else None
+        if held is None:
+            return
+        token = pong.get("session")
+        if token is not None and token != self.session:
+            threading.Thread(target=self._resume, daemon=True).start()
+        self._consumer.router_holds(set(held))
+
+    def _receive_signals(self) -> None:
+        """Hand what arrived to the signal sink, as one item (one wake-up there)."""
+        arrived = []
+        for _ in range(1000):  # bounded: replies get their turn
+            try:
+                arrived.append(self._sub.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+        if arrived:
+            self._signals(arrived)
+
+
+def _client_name() -> str:
+    return f"python-sdk/{os.getpid()}"
