@@ -51,3 +51,10 @@ def pressure(depth: int, maximum: int, warning_at: float, enabled: bool = True) 
     else:
         level = Level.OK
     return Pressure(depth, maximum, ratio, level)
+
+
+def calm(depth: int, maximum: int, warning_at: float, enabled: bool = True) -> bool:
+    """Whether `pressure` says `Level.OK` (nothing refused, nothing signalled), without
+    building it: the answer for almost every target of every publish, so the router's
+    gate asks this first."""
+    return not enabled or (maximum > 0 and depth < maximum and depth / maximum < warning_at)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring, encode_basestring_ascii
 from typing import Any
 
 from broker.budget import advance, check_budget
@@ -113,10 +114,14 @@ def _open_gate(target: EndpointInfo) -> tuple[Refusal | None, bool]:
     return None, False
 
 
+# json.dumps with arguments builds an encoder per call; one, built once, does the same.
+_payload_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
 def encode_payload(payload: Any, max_bytes: int) -> bytes:
     """The payload's JSON, checked against the size limit (the limit is on this form)."""
     try:
-        text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text = _payload_json(payload)
     except (TypeError, ValueError) as err:
         raise InvalidMessage(f"payload is not JSON-representable: {err}") from None
     data = text.encode("utf-8")
@@ -169,7 +174,19 @@ def plan_publish(
 
 
 def _json_str(value: str | None) -> str:
-    return "null" if value is None else json.dumps(value, ensure_ascii=False)
+    """``json.dumps(value, ensure_ascii=False)``, without building an encoder."""
+    return "null" if value is None else encode_basestring(value)
+
+
+def _budget_json(budget: Budget) -> str:
+    """``json.dumps(budget.to_wire(), separators=(",", ":"))``, written out: it is in
+    every copy's file, and the generic encoder costs several times this."""
+    chain = ",".join(map(encode_basestring_ascii, budget.ancestor_chain))
+    return (
+        f'{{"hopCount":{budget.hop_count:d},"maxHops":{budget.max_hops:d},'
+        f'"ancestorChain":[{chain}],"ttl":{budget.ttl:d},'
+        f'"callBudgetRemaining":{budget.call_budget_remaining:d}}}'
+    )
 
 
 def encode_copy(
@@ -183,7 +200,7 @@ def encode_copy(
     head = (
         f'{{"id":"{request.message_id}","subject":{_json_str(subject)},'
         f'"from":{_json_str(request.sender)},"replyTo":{_json_str(request.reply_to)},'
-        f'"budget":{json.dumps(budget.to_wire(), separators=(",", ":"))},'
+        f'"budget":{_budget_json(budget)},'
         f'"createdAt":{request.created_at},"payload":'
     )
     tail = ""

@@ -69,6 +69,13 @@ class RateLimiter:
         count = self._count(sender, now_ms)
         return RateVerdict(count < limit, count, limit, self.window_secs)
 
+    def refusal(self, sender: str, now_ms: int) -> RateVerdict | None:
+        """`check`'s verdict when it refuses; None, and nothing built, when it admits
+        (every publish asks)."""
+        limit = self.limit_for(sender)
+        count = self._count(sender, now_ms)
+        return None if count < limit else RateVerdict(False, count, limit, self.window_secs)
+
     def record(self, sender: str, now_ms: int) -> None:
         self._logs.setdefault(sender, deque()).append(now_ms)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from broker.backpressure import Level, Pressure, pressure
+from broker.backpressure import Level, Pressure, calm, pressure
 from broker.breaker import BreakerSettings, CircuitBreaker
 from broker.publish import Copy, Refusal
 from broker.ratelimit import RateLimiter, RateVerdict
@@ -42,8 +42,7 @@ class Reliability:
         """The verdict that refuses this publish, or None to let it through."""
         if not self.config["rateLimit"]["enabled"]:
             return None
-        verdict = self.limiter.check(sender, now)
-        return None if verdict.allowed else verdict
+        return self.limiter.refusal(sender, now)
 
     def count(self, sender: str, now: int) -> None:
         """A publish stored a copy somewhere: it counts toward the sender's limit."""
@@ -65,15 +64,24 @@ class Reliability:
             section["enabled"],
         )
 
+    def pressure_ratio(self, depth: int) -> float:
+        """``pressure_of(depth).ratio``, without the rest (every publish's answer)."""
+        maximum = self.config["backpressure"]["maxMailboxSize"]
+        return 1.0 if maximum <= 0 else min(1.0, depth / maximum)
+
     def gate(
         self, endpoint: str, endpoint_subject: str, sender: str, depth: int, now: int
     ) -> tuple[Refusal | None, bool, list[tuple[str, Signal]]]:
         """Backpressure (``depth``: messages waiting in the endpoint's new/), then the
         circuit breaker: (refusal, is_probe, signals to send)."""
-        load = self.pressure_of(depth)
-        signals = self._backpressure_signals(endpoint, endpoint_subject, sender, load, now)
-        if load.reject:
-            return Refusal("backpressure", load.reason), False, signals
+        section = self.config["backpressure"]
+        signals: list[tuple[str, Signal]] = []
+        limits = (section["maxMailboxSize"], section["pressureWarningAt"], section["enabled"])
+        if not calm(depth, *limits):
+            load = self.pressure_of(depth)
+            signals = self._backpressure_signals(endpoint, endpoint_subject, sender, load, now)
+            if load.reject:
+                return Refusal("backpressure", load.reason), False, signals
         if not self.config["circuitBreaker"]["enabled"]:
             return None, False, signals
         breaker = self.breaker(endpoint)

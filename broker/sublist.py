@@ -154,11 +154,11 @@ class Sublist(Generic[V]):
 
     def match(self, subject: str) -> frozenset[V]:
         """The values of every stored pattern that matches the concrete ``subject``."""
-        validate(subject)
         cache = self._cache
-        hit = cache.get(subject)
-        if hit is not None:
+        hit = cache.get(subject) if type(subject) is str else None
+        if hit is not None:  # only valid subjects are cached: no need to check it again
             return hit
+        validate(subject)
         result = self._match(subject.split("."))
         if self._cache_size:
             if len(cache) >= self._cache_size:

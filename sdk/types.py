@@ -113,6 +113,8 @@ def default_budget(now_ms: int, **overrides: Any) -> Budget:
     Overrides are snake_case field names; ``ttl_ms`` is a duration from ``now_ms``,
     ``ttl`` an absolute deadline (not both). The result is validated like a wire budget.
     """
+    if not overrides:  # every publish without a budget: nothing to validate
+        return Budget(0, DEFAULT_MAX_HOPS, (), now_ms + DEFAULT_TTL_MS, DEFAULT_CALL_BUDGET)
     wire: dict[str, Any] = {
         "hopCount": 0,
         "maxHops": DEFAULT_MAX_HOPS,

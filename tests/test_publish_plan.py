@@ -116,15 +116,17 @@ json_values = st.recursive(
     reply_to=st.sampled_from([None, SENDER]),
     published=st.sampled_from([A, "relay.agent.p.*"]),
     parent=st.sampled_from([None, "01JDQ3ZV9R6Q4W1T3M5N7P8K29"]),
+    chain=st.lists(st.sampled_from([B, SENDER, "relay.agent.x-y_z"]), max_size=3),
 )
-def test_spliced_file_equals_the_reference_encoding(payload, reply_to, published, parent):
-    """The fast path (payload encoded once, spliced) against Envelope.to_json."""
+def test_spliced_file_equals_the_reference_encoding(payload, reply_to, published, parent, chain):
+    """The fast path (payload encoded once, spliced, the budget written out) against
+    Envelope.to_json."""
     req = PublishRequest(
         "01JDQ3ZV9R6Q4W1T3M5N7P8K2A",
         published,
         SENDER,
         reply_to,
-        default_budget(NOW),
+        default_budget(NOW, ancestor_chain=chain, hop_count=len(chain)),
         NOW,
         payload,
         parent,

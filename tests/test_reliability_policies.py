@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from broker.backpressure import Level, pressure
+from broker.backpressure import Level, calm, pressure
 from broker.breaker import BreakerSettings, BreakerState, CircuitBreaker
 from broker.ratelimit import RateLimiter
 
@@ -24,6 +26,14 @@ def test_the_limit_admits_exactly_max_per_window_then_refuses_with_the_numbers()
     verdict = limiter.check("s", 3)
     assert not verdict.allowed
     assert verdict.reason == "rate limit exceeded: 3/3 messages in 60s window"
+
+
+def test_refusal_is_checks_verdict_when_it_refuses_and_none_when_it_admits():
+    limiter = RateLimiter(window_secs=60, max_per_window=2)
+    for t in (0, 1, 2, 3):
+        verdict = limiter.check("s", t)
+        assert limiter.refusal("s", t) == (None if verdict.allowed else verdict)
+        limiter.record("s", t)
 
 
 def test_the_window_slides_to_the_millisecond():
@@ -154,6 +164,18 @@ def test_reject_reason_and_signal_data_carry_the_numbers():
     p = pressure(100, 100, 0.8)
     assert p.reason == "backpressure: mailbox full (100/100)"
     assert p.signal_data() == {"pressure": 1.0, "currentSize": 100, "maxMailboxSize": 100}
+
+
+@given(
+    depth=st.integers(0, 2000),
+    maximum=st.integers(-1, 1500),
+    warning_at=st.floats(0.0, 1.0),
+    enabled=st.booleans(),
+)
+def test_calm_says_what_pressure_says_of_level_ok(depth, maximum, warning_at, enabled):
+    """The gate's fast path against the full answer."""
+    full = pressure(depth, maximum, warning_at, enabled)
+    assert calm(depth, maximum, warning_at, enabled) == (full.level is Level.OK)
 
 
 def test_max_mailbox_size_zero_rejects_without_dividing_by_zero():

@@ -299,6 +299,11 @@ class Consumers:
                 ready.append(sub)
         return ready
 
+    @property
+    def observing(self) -> bool:
+        """Whether any subscription observes (watches without claiming)."""
+        return bool(self._observers)
+
     def observers(self, subject: str) -> list[Subscription]:
         return [self.subs[i] for i in self._observers.match(subject)]
 

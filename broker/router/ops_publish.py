@@ -226,7 +226,7 @@ def publish_result(
         "deliveredTo": delivered,
         "rejected": rejected,
         "mailboxPressure": {
-            e: ctx.reliability.pressure_of(ctx.ledger.depth(e)).ratio for e in touched
+            e: ctx.reliability.pressure_ratio(ctx.ledger.depth(e)) for e in touched
         },
         "details": details,
     }

@@ -1,0 +1,84 @@
+"""CPU per publish of each broker process at 100 in flight, beside floor (e).
+
+``python -m bench.process_cpu [--rounds N] [--label L]`` starts a 2-shard broker and
+floor (e) (bench/floors.py `RawPipeline`), then, per round, runs (e)'s 100-in-flight
+publishes and Relay's (the broker bench's row, bench/relay_broker.py) and prints one
+JSON line: both rates, their ratio, and the CPU µs per publish of the router, each
+writer and the benchmark's own process, split into user and system time and per
+thread (/proc/<pid>/task/*/stat, counted in clock ticks: about 3 µs per publish over a
+round of 3,000). To compare two trees, run it in each in turn (A B A B ...), as
+docs/performance.md ("The router's and writers' CPU per publish") did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from bench.common import base_dir, remove_when_done
+from bench.floors import RawPipeline
+from bench.relay_broker import RelayBroker
+from bench.workload import PIPELINED_N
+
+Ticks = dict[str, tuple[int, int]]  # "thread name:tid" -> (utime, stime)
+
+
+def thread_ticks(pid: int) -> Ticks:
+    ticks = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as stat:
+            # The command name (field 2) may hold spaces; the fields after it do not.
+            fields = stat.read().rpartition(")")[2].split()
+        with open(f"/proc/{pid}/task/{tid}/comm") as comm:
+            name = comm.read().strip()
+        ticks[f"{name}:{tid}"] = (int(fields[11]), int(fields[12]))
+    return ticks
+
+
+def per_publish(before: Ticks, after: Ticks, count: int) -> dict[str, list[float]]:
+    """µs [user, system] per publish, by thread name (threads of one name summed)."""
+    tick_us = 1_000_000 / os.sysconf("SC_CLK_TCK")
+    used: dict[str, list[float]] = {}
+    for thread, (user, system) in after.items():
+        user0, system0 = before.get(thread, (0, 0))
+        name = thread.rpartition(":")[0]
+        total = used.setdefault(name, [0.0, 0.0])
+        total[0] += (user - user0) * tick_us / count
+        total[1] += (system - system0) * tick_us / count
+    return {name: [round(u, 1), round(s, 1)] for name, (u, s) in used.items() if u or s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--label", default="")
+    args = parser.parse_args()
+    base = base_dir()
+    pipeline = RawPipeline(base)
+    relay = RelayBroker(2, base / "home-2")
+    pids = {name: proc.pid for name, proc in relay.broker.procs.items()}
+    pids["bench"] = os.getpid()
+    try:
+        for round_no in range(args.rounds):
+            floor = pipeline.pipelined()["rate"]
+            before = {name: thread_ticks(pid) for name, pid in pids.items()}
+            rate = relay.in_flight(PIPELINED_N, relay.spread, 1)["rate"]
+            after = {name: thread_ticks(pid) for name, pid in pids.items()}
+            threads = {name: per_publish(before[name], after[name], PIPELINED_N) for name in pids}
+            cpu = {
+                name: round(sum(u + s for u, s in used.values()), 1)
+                for name, used in threads.items()
+            }
+            figures = {"label": args.label, "round": round_no, "relay": round(rate)}
+            figures.update({"e": round(floor), "ratio": round(rate / floor, 3)})
+            figures.update({"load": os.getloadavg()[0], "cpu": cpu, "threads": threads})
+            print(json.dumps(figures), flush=True)
+    finally:
+        relay.cleanup()
+        pipeline.close()
+        remove_when_done(base)
+
+
+if __name__ == "__main__":
+    main()

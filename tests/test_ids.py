@@ -1,0 +1,21 @@
+"""Message ids: the ULID text the router writes is the ULID library's, and ids increase."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+from ulid import ULID
+
+from sdk.ids import MonotonicUlid, id_time_ms, is_id, ulid_text
+
+
+@given(st.integers(min_value=0, max_value=2**128 - 1))
+def test_ulid_text_is_the_ulid_librarys_text_of_the_same_128_bits(value):
+    assert ulid_text(value) == str(ULID.from_bytes(value.to_bytes(16, "big")))
+
+
+def test_ids_of_one_millisecond_strictly_increase_and_carry_it():
+    ids = MonotonicUlid()
+    issued = [ids.new(1_764_108_000_000) for _ in range(1000)]
+    assert issued == sorted(set(issued))
+    assert all(is_id(i) and id_time_ms(i) == 1_764_108_000_000 for i in issued)
