@@ -9,8 +9,9 @@ inboxes of `request` (sdk/replies.py). A message `fetch` hands out answers itsel
 (sdk/message.py). Each subscription's handler runs on its own thread, in the order
 messages arrive, off the socket thread: a slow handler never blocks replies, and an
 exception in a handler nacks that message (the reason is the exception) instead of
-killing the client. The client pings once a second so the router knows it is alive (a
-silent client's session ends after 5 s: its subscriptions, and its right to ack).
+killing the client. The client pings once a second (more often when the router's session
+timeout is under 4 s) so the router knows it is alive (a silent client's session ends
+after 5 s by default: its subscriptions, and its right to ack).
 """
 
 from __future__ import annotations

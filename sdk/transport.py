@@ -42,7 +42,17 @@ from sdk.sockets import NOBLOCK, send_parts
 
 log = logging.getLogger("relay.client")
 
-HEARTBEAT_S = 1.0
+HEARTBEAT_S = 1.0  # the longest gap between pings
+
+
+def ping_interval(session_timeout_ms: Any) -> float:
+    """Seconds between pings: at most a second, and four within the router's session
+    timeout when it is shorter (a late ping must not end a live session)."""
+    if not isinstance(session_timeout_ms, int) or session_timeout_ms <= 0:
+        return HEARTBEAT_S
+    return min(HEARTBEAT_S, max(0.05, session_timeout_ms / 4000))
+
+
 IO_POLL_MS = 200  # the I/O thread's longest sleep
 # A refusal, not a connection cut mid-handshake (NO_DETAIL: a router restarting).
 _REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -105,6 +115,7 @@ class Transport:
         self._batch_limit = 1  # requests per frame; the broker's hello may raise it
         self.holdings = Holdings()
         self.session: str | None = None  # the hello's token, named to resume
+        self._ping_every = HEARTBEAT_S  # the hello's and pings' sessionTimeoutMs set it
         self._resuming = threading.Lock()
         self._consumer: Consumer
         self._signals: SignalSink
@@ -130,6 +141,7 @@ class Transport:
                 "(is `relay up` running for this home?)"
             ) from None
         self.session = server.get("session")
+        self._ping_every = ping_interval(server.get("sessionTimeoutMs"))
         self._batch_limit = max(1, min(int(server.get("batch", 1)), wire.MAX_BATCH))
         return server
 
@@ -293,7 +305,7 @@ class Transport:
         poller.register(self._outbox_in, zmq.POLLIN)
         poller.register(self._sub, zmq.POLLIN)
         self._io_ready.set()
-        next_ping = time.monotonic() + HEARTBEAT_S
+        next_ping = time.monotonic() + self._ping_every
         wait_ms = IO_POLL_MS
         try:
             while not self._closed:
@@ -322,7 +334,7 @@ class Transport:
                         self._dealer.send_multipart(
                             wire.encode_request("ping", 0, batch=True), zmq.NOBLOCK
                         )
-                    next_ping = now + HEARTBEAT_S
+                    next_ping = now + self._ping_every
                     self._expire(now)
         finally:
             self._close_dealer(poller, self._dealer, refusals)
@@ -467,6 +479,7 @@ class Transport:
         held = pong.get("subs") if isinstance(pong, dict) else None
         if held is None:
             return
+        self._ping_every = ping_interval(pong.get("sessionTimeoutMs"))
         token = pong.get("session")
         if token is not None and token != self.session:
             threading.Thread(target=self._resume, daemon=True).start()

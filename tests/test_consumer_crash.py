@@ -192,9 +192,9 @@ def test_a_confirmed_push_subscription_acks_each_message_before_the_next(broker)
 def test_a_client_back_before_the_writers_after_a_restart_keeps_what_it_holds(broker):
     client, other = broker.client(), broker.client()
     client.register_endpoint(BOX)
-    # Above the SDK's heartbeat (1 s, sent up to its I/O thread's 200 ms sleep late):
-    # the holder stays connected throughout, so only an orphan's deadline could take it.
-    client.set_config({"delivery": {"sessionTimeoutMs": 1500}})
+    # The holder pings four times per session timeout (the ping's sessionTimeoutMs): it
+    # stays connected throughout, so only an orphan's deadline could take the message.
+    client.set_config({"delivery": {"sessionTimeoutMs": 1000}})
     message_id = client.publish(BOX, "work", sender=SENDER).message_id
     (held,) = client.fetch(BOX)
     for name in ("router", "writer0", "writer1"):

@@ -19,6 +19,7 @@ from sdk.client import connect
 from sdk.errors import InvalidMessage, Unavailable
 from sdk.ids import new_id
 from sdk.subscription import Delivery, SubscriptionWorker
+from sdk.transport import HEARTBEAT_S, ping_interval
 from sdk.types import Envelope, Signal, SignalType, StandardPayload
 from tests.harness import depth, wait_for
 from tests.test_types import make_envelope
@@ -438,3 +439,18 @@ def test_two_renewals_of_one_loss_subscribe_once(broker):
     client._subscriptions.renew(lost)  # the second heartbeat's thread, late
     assert client.status()["subscriptions"] == 1
     assert len(client._subscriptions.workers) == 1
+
+
+def test_hello_and_ping_say_the_session_timeout_the_client_pings_within(broker):
+    client = broker.client()
+    assert client.server["sessionTimeoutMs"] == DEFAULT_CONFIG["delivery"]["sessionTimeoutMs"]
+    client.set_config({"delivery": {"sessionTimeoutMs": 1500}})
+    assert client._call("ping")["sessionTimeoutMs"] == 1500
+
+
+@pytest.mark.parametrize(
+    ("timeout_ms", "every_s"),
+    [(5000, HEARTBEAT_S), (4000, HEARTBEAT_S), (1000, 0.25), (100, 0.05), (None, HEARTBEAT_S)],
+)
+def test_a_client_pings_four_times_per_session_timeout_below_four_seconds(timeout_ms, every_s):
+    assert ping_interval(timeout_ms) == every_s

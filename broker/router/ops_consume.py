@@ -45,6 +45,7 @@ def hello(ctx: Context, session: Session, req: Hello, rid: int) -> Any:
     return {
         "session": session.token,  # present it when connecting again (`resume`)
         "holding": holding,
+        "sessionTimeoutMs": ctx.consumers.session_timeout_ms,  # ping at least this often
         "server": SERVER_NAME,
         "version": wire.PROTOCOL_VERSION,
         "signals": ctx.about["signals"],
@@ -73,7 +74,13 @@ def ping(ctx: Context, session: Session, req: Hello, rid: int) -> Any:
     # missing (router restart, session timeout) knows to subscribe again.
     # The session token: a client that finds another one than its hello gave it knows
     # the router forgot it (a restart, or its session ended) and says hello again.
-    return {"now": now_ms(), "subs": sorted(session.subs), "session": session.token}
+    # The session timeout: a client pings often enough for it (it may change meanwhile).
+    return {
+        "now": now_ms(),
+        "subs": sorted(session.subs),
+        "session": session.token,
+        "sessionTimeoutMs": ctx.consumers.session_timeout_ms,
+    }
 
 
 def bye(ctx: Context, session: Session, req: Empty, rid: int) -> Any:

@@ -5,8 +5,9 @@
  * One DEALER socket carries requests, replies and pushed messages; replies are matched
  * to requests by `rid`, so any number of requests can be in flight. A SUB socket for
  * signals is opened on the first `onSignal`. While the client holds subscriptions or
- * unacknowledged messages it pings once a second (the router ends a session silent
- * for 5 s, and hands out again what it held).
+ * unacknowledged messages it pings once a second, or four times per session timeout
+ * when that is shorter (the router ends a session silent for 5 s by default, and hands
+ * out again what it held).
  *
  * Messages come pushed to a subscription (`subscribe`, `consume`) or pulled (`fetch`);
  * either way each says `deliveries` and answers itself with a confirmed `ack()`,
@@ -33,7 +34,13 @@ const {
 
 const DEFAULT_TIMEOUT_MS = 10_000;
 const DEFAULT_REQUEST_TIMEOUT_MS = 30_000;
-const HEARTBEAT_MS = 1_000;
+const HEARTBEAT_MS = 1_000; // the longest gap between pings
+
+/** Ms between pings: at most a second, four within a shorter session timeout. */
+function pingInterval(sessionTimeoutMs) {
+  if (!Number.isInteger(sessionTimeoutMs) || sessionTimeoutMs <= 0) return HEARTBEAT_MS;
+  return Math.min(HEARTBEAT_MS, Math.max(50, Math.floor(sessionTimeoutMs / 4)));
+}
 
 /** The requests address of a data directory: ipc://$HOME/run/router.sock. */
 function routerAddress(home) {
@@ -62,6 +69,7 @@ async function connect(options = {}) {
   try {
     client.server = await client.sendRequest("hello", { client: client.name });
     client.session = client.server.session ?? null;
+    client._pingEvery = pingInterval(client.server.sessionTimeoutMs);
   } catch (err) {
     await client.close({ bye: false });
     if (err instanceof TimeoutError) {
@@ -123,6 +131,7 @@ class Client {
     this._inboxes = new Map();
     this._sendChain = Promise.resolve();
     this._heartbeat = null;
+    this._pingEvery = HEARTBEAT_MS; // the hello's and pings' sessionTimeoutMs set it
     this._signals = null; // {socket, handlers: Map<key, {pattern, prefix, handler}>}
     this._signalKeys = 0;
     this._dealer = new zmq.Dealer({ linger: 0, ...this._curve });
@@ -194,6 +203,11 @@ class Client {
   _checkSubscriptions(pong) {
     const held = pong && Array.isArray(pong.subs) ? new Set(pong.subs) : null;
     if (!held) return;
+    const every = pingInterval(pong.sessionTimeoutMs);
+    if (every !== this._pingEvery) {
+      this._pingEvery = every;
+      this._updateHeartbeat(true);
+    }
     if (pong.session && this.session && pong.session !== this.session) this._resume();
     for (const [id, subscription] of this._subs) {
       if (held.has(id) || subscription._unsubscribing) continue;
@@ -263,12 +277,17 @@ class Client {
     }
   }
 
-  _updateHeartbeat() {
+  /** Ping while needed, every `_pingEvery` ms; `restart`: the interval changed. */
+  _updateHeartbeat(restart = false) {
     const needed = !this.closed && (this._subs.size > 0 || this._held.size > 0);
+    if (restart && this._heartbeat) {
+      clearInterval(this._heartbeat);
+      this._heartbeat = null;
+    }
     if (needed && !this._heartbeat) {
       this._heartbeat = setInterval(() => {
         this._send(wire.encodeRequest("ping", 0)).catch(() => {});
-      }, HEARTBEAT_MS);
+      }, this._pingEvery);
     } else if (!needed && this._heartbeat) {
       clearInterval(this._heartbeat);
       this._heartbeat = null;
