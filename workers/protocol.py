@@ -71,10 +71,21 @@ ALREADY_STORED = "already_stored"  # a `stored` code: a relayed copy the endpoin
 ID_CONFLICT = "id_conflict"  # a `stored` code: the endpoint has this id from elsewhere
 
 
+# The origin of a stored copy whose file cannot be read (gone: compacted meanwhile): no
+# node is named "", and a copy of unknown origin is no redelivery (docs/federation.md).
+ORIGIN_UNKNOWN = ""
+
+
 def id_conflict(message_id: str, node: str, where: str, stored_from: str | None) -> str:
     """The sentence of an ``id_conflict``: ``where`` (an endpoint) holds a copy of
-    ``message_id`` that came from ``stored_from`` (None: published there), not ``node``."""
-    source = "published there" if stored_from is None else f"relayed from node {stored_from}"
+    ``message_id`` that came from ``stored_from`` (None: published there;
+    ``ORIGIN_UNKNOWN``: its file cannot be read), not ``node``."""
+    if stored_from == ORIGIN_UNKNOWN:
+        source = "whose file cannot be read (its origin is unknown)"
+    elif stored_from is None:
+        source = "published there"
+    else:
+        source = f"relayed from node {stored_from}"
     return (
         f"message {message_id} from node {node} not stored: {where} has a copy of that id {source}"
     )
