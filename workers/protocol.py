@@ -42,7 +42,9 @@ Writer → router:
              bytes; ``deliveries`` counts this hand-out. A claim whose group commit
              then failed is answered ``storage_error`` and its file is where it was.
 ``ingested`` ``[id, endpoint]`` + file bytes: a file another program put into new/.
-``reply``    ``[token, ok, result | {code, message}]``.
+``reply``    ``[token, ok, result | {code, message}, shard]``; the shard says which of an
+             operation's writers answered (one that answers after another went away
+             still counts, docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -175,6 +177,7 @@ class Reply(NamedTuple):
     token: int
     ok: bool
     result: Any  # the result, or {code, message}
+    shard: int  # the writer's
 
 
 # ---------------------------------------------------------------------- the frames
@@ -223,8 +226,8 @@ def ingested(message_id: str, endpoint: str, data: bytes) -> list[bytes]:
     return [INGESTED, packb(Ingested(message_id, endpoint)), data]
 
 
-def reply(token: int, ok: bool, result: Any) -> list[bytes]:
-    return [REPLY, packb(Reply(token, ok, result))]
+def reply(token: int, ok: bool, result: Any, shard: int) -> list[bytes]:
+    return [REPLY, packb(Reply(token, ok, result, shard))]
 
 
 # What each kind's header decodes into, both directions (``deliver`` aside).
@@ -262,7 +265,8 @@ def as_failed(frames: list[bytes], error: tuple[str, str]) -> list[bytes]:
     if kind == CLAIMED:
         return claimed(header.sub, header.id, header.endpoint, b"", error, header.deliveries)
     if kind == REPLY:
-        return reply(header.token, False, {"code": error[0], "message": error[1]})
+        failure = {"code": error[0], "message": error[1]}
+        return reply(header.token, False, failure, header.shard)
     return frames
 
 

@@ -355,10 +355,10 @@ class Writer:
             try:
                 result = self._operation(name, args, changes)
             except RelayError as exc:
-                return [proto.reply(token, False, exc.to_wire())]
+                return [proto.reply(token, False, exc.to_wire(), self.shard)]
             except OSError as exc:
-                return [proto.reply(token, False, StorageError(str(exc)).to_wire())]
-            return [proto.reply(token, True, result)]
+                return [proto.reply(token, False, StorageError(str(exc)).to_wire(), self.shard)]
+            return [proto.reply(token, True, result, self.shard)]
         log.error("unknown frame kind %r from router dropped", kind)
         return []
 
