@@ -172,3 +172,21 @@ def _unavailable(client, envelope: Envelope) -> bool:
     except Unavailable:
         return True
     return False
+
+
+def test_an_id_whose_stored_file_is_gone_is_refused_from_another_node(broker):
+    """The index still has a's copy, its file is gone (compacted meanwhile): where it came
+    from is unknown, so c's copy of that id is refused ``id_conflict``, not counted as
+    delivered and dropped without a word."""
+    client = broker.client()
+    client.register_endpoint(INBOX)
+    envelope = relayed()
+    assert client.ingest(envelope, [INBOX], node="a").delivered_to == 1
+    (held,) = client.fetch(INBOX, wait=5)
+    held.ack()
+    mailbox = broker.home.mailbox(endpoint_hash(INBOX))
+    wait_for(lambda: client.trace(envelope.id)["copies"][0]["state"] == "done", what="done")
+    for name in os.listdir(f"{mailbox}/cur"):
+        os.remove(f"{mailbox}/cur/{name}")
+    refused = client.ingest(replace(envelope, payload={"content": "from c"}), [INBOX], node="c")
+    assert (refused.delivered_to, refused.rejected) == (0, ((endpoint_hash(INBOX), "id_conflict"),))

@@ -208,14 +208,50 @@ def test_writers_answers_after_an_operations_deadline_still_reach_its_on_reply()
     jobs.outlive(token, job)  # the sweep, at the deadline
     jobs.forget(token)
 
-    for answer in ("shard 0", "shard 1"):
-        on_reply = jobs.late_reply(token)
+    for shard in (0, 1):
+        on_reply = jobs.late_reply(token, shard)
         assert on_reply is not None
-        on_reply(answer)
-    assert seen == ["shard 0", "shard 1"] and jobs.late_reply(token) is None
+        on_reply(f"shard {shard}")
+    assert seen == ["shard 0", "shard 1"] and jobs.late_reply(token, 1) is None
     other, job = jobs.open(b"client", 2, 1, lambda job: None, now=0)
     job.on_reply, job.shards = seen.append, {1}
     jobs.outlive(other, job)
     jobs.forget(other)
     jobs.writer_gone(1)  # its new/ is read again at its hello instead
-    assert jobs.late_reply(other) is None
+    assert jobs.late_reply(other, 1) is None
+
+
+def test_a_writer_gone_drops_only_the_late_answer_it_owed():
+    """A requeue on two shards answered at its deadline: one writer restarts (its new/
+    is read again at its hello), the other's late answer still puts its messages in
+    line, or they stay in new/ outside any queue until the router restarts."""
+    jobs = WriterJobs()
+    seen: list[str] = []
+    token, job = jobs.open(b"client", 1, 2, lambda job: None, now=0)
+    job.on_reply, job.shards = seen.append, {0, 1}
+    jobs.outlive(token, job)
+    jobs.forget(token)
+
+    jobs.writer_gone(0)
+    assert jobs.late_reply(token, 0) is None  # from the writer gone: none comes
+    on_reply = jobs.late_reply(token, 1)
+    assert on_reply is not None
+    on_reply("shard 1")
+    assert seen == ["shard 1"] and jobs.late_reply(token, 1) is None
+
+
+def test_an_operation_failed_by_a_writer_gone_keeps_its_other_writers_answers():
+    """A requeue on two shards whose writer 0 disconnects first: the request fails as a
+    whole, and writer 1's answer, which comes after, still puts its messages in line."""
+    jobs = WriterJobs()
+    seen: list[str] = []
+    token, job = jobs.open(b"client", 1, 2, lambda job: None, now=0)
+    job.on_reply, job.shards = seen.append, {0, 1}
+
+    failed = jobs.writer_gone(0)
+    assert failed == [job] and token not in jobs.pending
+    assert jobs.late_reply(token, 0) is None  # from the writer gone: none comes
+    on_reply = jobs.late_reply(token, 1)
+    assert on_reply is not None
+    on_reply("shard 1")
+    assert seen == ["shard 1"] and jobs.late_reply(token, 1) is None

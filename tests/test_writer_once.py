@@ -104,3 +104,18 @@ def test_two_nodes_relaying_one_id_in_one_commit_store_the_first_only(shard_writ
     rows = store(writer, results, relayed(1, message_id, origin="c"), relayed(2, message_id))
     assert [(r.token, r.code) for r in sorted(rows)] == [(1, None), (2, proto.ID_CONFLICT)]
     assert json.loads(mailbox.read(message_id)[1])["relayedFrom"] == "c"
+
+
+def test_an_id_whose_stored_file_cannot_be_read_is_refused_from_another_node(shard_writer):
+    """The index has the id but its file is gone (compacted meanwhile): where the copy
+    came from is unknown, so another node's copy is refused ``id_conflict``, never
+    counted as delivered and silently dropped."""
+    writer, results = shard_writer
+    mailbox = writer._watch(endpoint_hash(SUBJECT))
+    message_id = new_id(int(time.time() * 1000))
+    (first,) = store(writer, results, relayed(1, message_id, origin="a"))
+    assert first.stored_at is not None
+    os.remove(os.path.join(mailbox.new_dir, message_id))
+    (other,) = store(writer, results, relayed(2, message_id, origin="c"))
+    assert (other.stored_at, other.code) == (None, proto.ID_CONFLICT)
+    assert "cannot be read" in other.message

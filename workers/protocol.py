@@ -42,7 +42,9 @@ Writer → router:
              bytes; ``deliveries`` counts this hand-out. A claim whose group commit
              then failed is answered ``storage_error`` and its file is where it was.
 ``ingested`` ``[id, endpoint]`` + file bytes: a file another program put into new/.
-``reply``    ``[token, ok, result | {code, message}]``.
+``reply``    ``[token, ok, result | {code, message}, shard]``; the shard says which of an
+             operation's writers answered (one that answers after another went away
+             still counts, docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -71,10 +73,21 @@ ALREADY_STORED = "already_stored"  # a `stored` code: a relayed copy the endpoin
 ID_CONFLICT = "id_conflict"  # a `stored` code: the endpoint has this id from elsewhere
 
 
+# The origin of a stored copy whose file cannot be read (gone: compacted meanwhile): no
+# node is named "", and a copy of unknown origin is no redelivery (docs/federation.md).
+ORIGIN_UNKNOWN = ""
+
+
 def id_conflict(message_id: str, node: str, where: str, stored_from: str | None) -> str:
     """The sentence of an ``id_conflict``: ``where`` (an endpoint) holds a copy of
-    ``message_id`` that came from ``stored_from`` (None: published there), not ``node``."""
-    source = "published there" if stored_from is None else f"relayed from node {stored_from}"
+    ``message_id`` that came from ``stored_from`` (None: published there;
+    ``ORIGIN_UNKNOWN``: its file cannot be read), not ``node``."""
+    if stored_from == ORIGIN_UNKNOWN:
+        source = "whose file cannot be read (its origin is unknown)"
+    elif stored_from is None:
+        source = "published there"
+    else:
+        source = f"relayed from node {stored_from}"
     return (
         f"message {message_id} from node {node} not stored: {where} has a copy of that id {source}"
     )
@@ -164,6 +177,7 @@ class Reply(NamedTuple):
     token: int
     ok: bool
     result: Any  # the result, or {code, message}
+    shard: int  # the writer's
 
 
 # ---------------------------------------------------------------------- the frames
@@ -212,8 +226,8 @@ def ingested(message_id: str, endpoint: str, data: bytes) -> list[bytes]:
     return [INGESTED, packb(Ingested(message_id, endpoint)), data]
 
 
-def reply(token: int, ok: bool, result: Any) -> list[bytes]:
-    return [REPLY, packb(Reply(token, ok, result))]
+def reply(token: int, ok: bool, result: Any, shard: int) -> list[bytes]:
+    return [REPLY, packb(Reply(token, ok, result, shard))]
 
 
 # What each kind's header decodes into, both directions (``deliver`` aside).
@@ -251,7 +265,8 @@ def as_failed(frames: list[bytes], error: tuple[str, str]) -> list[bytes]:
     if kind == CLAIMED:
         return claimed(header.sub, header.id, header.endpoint, b"", error, header.deliveries)
     if kind == REPLY:
-        return reply(header.token, False, {"code": error[0], "message": error[1]})
+        failure = {"code": error[0], "message": error[1]}
+        return reply(header.token, False, failure, header.shard)
     return frames
 
 

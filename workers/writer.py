@@ -302,7 +302,7 @@ class Writer:
                 seen[key] = origin
                 kept.append((h, data))
                 continue
-            stored_from = seen[key] if key in seen else self._origin_of(h.endpoint, h.id, origin)
+            stored_from = seen[key] if key in seen else self._origin_of(h.endpoint, h.id)
             if stored_from == origin:
                 code, message = proto.ALREADY_STORED, f"message {h.id} is already in {h.endpoint}"
             else:
@@ -311,14 +311,14 @@ class Writer:
             results.append(proto.Stored(h.token, h.id, h.endpoint, None, code, message, h.target))
         return kept
 
-    def _origin_of(self, endpoint: str, message_id: str, unknown: str) -> str | None:
+    def _origin_of(self, endpoint: str, message_id: str) -> str | None:
         """The node the stored copy of ``message_id`` came from (its file says), or
-        ``unknown`` when the file cannot be read (taken as a redelivery, as before
-        the origin counted)."""
+        ``ORIGIN_UNKNOWN`` when the file cannot be read: then no node's copy is a
+        redelivery (each is refused, none silently dropped)."""
         try:
             return relayed_from(self.mailboxes[endpoint].read(message_id)[1])
         except (RelayError, OSError, ValueError, KeyError):
-            return unknown
+            return proto.ORIGIN_UNKNOWN
 
     def _unclaim(self, stored_claimed: list[tuple[str, str]]) -> None:
         """Copies stored claimed in a commit that failed: nobody will be told of them, so
@@ -355,10 +355,10 @@ class Writer:
             try:
                 result = self._operation(name, args, changes)
             except RelayError as exc:
-                return [proto.reply(token, False, exc.to_wire())]
+                return [proto.reply(token, False, exc.to_wire(), self.shard)]
             except OSError as exc:
-                return [proto.reply(token, False, StorageError(str(exc)).to_wire())]
-            return [proto.reply(token, True, result)]
+                return [proto.reply(token, False, StorageError(str(exc)).to_wire(), self.shard)]
+            return [proto.reply(token, True, result, self.shard)]
         log.error("unknown frame kind %r from router dropped", kind)
         return []
 

@@ -43,6 +43,7 @@ class Job:
     on_reply: Callable[[Any], None] | None = None  # each answer, even late (WriterWork)
     results: list[Any] = field(default_factory=list)
     shards: set[int] = field(default_factory=set)
+    answered_by: set[int] = field(default_factory=set)  # shards that answered (an operation)
     error: RelayError | None = None
     message_id: str = ""  # a publish's message
     copies: dict[str, Copy] = field(default_factory=dict)  # a publish's writes, by endpoint
@@ -77,9 +78,9 @@ class WriterJobs:
         self.outgoing: dict[int, list[Delivery]] = {}
         self.parked_copies: dict[int, list[Delivery]] = {}
         self.parked_ops: dict[int, list[tuple[int, list[bytes]]]] = {}
-        # Operations answered at their deadline whose writers' answers still matter:
-        # token -> (on_reply, answers still to come, its shards).
-        self.late: dict[int, tuple[Callable[[Any], None], int, set[int]]] = {}
+        # Operations answered (at their deadline, or failed by a writer gone) whose
+        # writers' answers still matter: token -> (on_reply, the shards owing one).
+        self.late: dict[int, tuple[Callable[[Any], None], set[int]]] = {}
 
     # ----------------------------------------------------------------- jobs
 
@@ -137,26 +138,39 @@ class WriterJobs:
             return wire.error_body(job.rid, exc)
 
     def outlive(self, token: int, job: Job) -> None:
-        """``job`` is answered without all its writers: keep its ``on_reply`` for their
-        late answers (`late_reply`)."""
-        if job.on_reply is not None and job.remaining > 0:
-            self.late[token] = (job.on_reply, job.remaining, set(job.shards))
+        """``job`` is answered without all its writers: keep its ``on_reply`` for the
+        late answers of the shards that owe one (`late_reply`)."""
+        owing = job.shards - job.answered_by
+        if job.on_reply is not None and owing:
+            self.late[token] = (job.on_reply, owing)
 
-    def late_reply(self, token: int) -> Callable[[Any], None] | None:
+    def late_reply(self, token: int, shard: int) -> Callable[[Any], None] | None:
         """The ``on_reply`` of an answer that came after its job was answered."""
-        kept = self.late.pop(token, None)
-        if kept is None:
+        kept = self.late.get(token)
+        if kept is None or shard not in kept[1]:
             return None
-        on_reply, remaining, shards = kept
-        if remaining > 1:
-            self.late[token] = (on_reply, remaining - 1, shards)
+        on_reply, owing = kept
+        owing.discard(shard)
+        if not owing:
+            del self.late[token]
         return on_reply
 
-    def writer_gone(self, shard: int) -> None:
-        """No late answer comes from a writer that went away (the Maildir, read again
-        at its next hello, says what it did)."""
-        for token in [t for t, (_, _, shards) in self.late.items() if shard in shards]:
-            del self.late[token]
+    def writer_gone(self, shard: int) -> list[Job]:
+        """No answer comes from a writer that went away (the Maildir, read again at its
+        next hello, says what it did). The operations that waited on it fail as a whole:
+        returned, forgotten, their other writers' answers kept for their effects (a
+        requeue's messages must join their queues). Publishes are the caller's."""
+        failed = []
+        for token, job in self.on_shard(shard):
+            if not job.is_publish:
+                self.outlive(token, job)  # owing the gone shard's answer, dropped below
+                self.forget(token)
+                failed.append(job)
+        for token, (_, owing) in list(self.late.items()):
+            owing.discard(shard)
+            if not owing:
+                del self.late[token]
+        return failed
 
     def due(self, now: int) -> Iterator[tuple[int, Job]]:
         """The jobs whose deadline passed, oldest first (they stay registered)."""

@@ -46,7 +46,7 @@ from sdk.errors import NotAuthorized, RelayError, SenderNotAllowed, Unavailable
 from sdk.paths import UNROUTABLE, shard_of
 from sdk.subjects import inbox_sender
 from sdk.types import EndpointInfo, relayed_from
-from workers.protocol import ID_CONFLICT, id_conflict
+from workers.protocol import ID_CONFLICT, ORIGIN_UNKNOWN, id_conflict
 from workers.records import MessageRecord
 
 
@@ -100,8 +100,9 @@ def _not_stored(
 ) -> tuple[list[EndpointInfo], tuple[Copy, ...], int]:
     """Which targets to store an ingest's copy in, keyed by (origin node, id): (the
     targets without this id; a refusal ``id_conflict`` for each whose copy of this id
-    came from another node or was published here, since a mailbox holds one file per
-    id; how many have it from ``node`` already, a redelivery counted as delivered).
+    came from another node, was published here or cannot be read, since a mailbox
+    holds one file per id; how many have it from ``node`` already, a redelivery
+    counted as delivered).
     Reads the file of each copy found, which only a redelivery or a conflict has."""
     fresh: list[EndpointInfo] = []
     conflicts: list[Copy] = []
@@ -111,7 +112,7 @@ def _not_stored(
         if record is None:
             fresh.append(target)
             continue
-        origin = _origin_of(ctx, record, node)
+        origin = _origin_of(ctx, record)
         if origin == node:
             already += 1
             continue
@@ -120,14 +121,14 @@ def _not_stored(
     return fresh, tuple(conflicts), already
 
 
-def _origin_of(ctx: Context, record: MessageRecord, unknown: str) -> str | None:
-    """The node a stored copy came from, as its file says; ``unknown`` when the file
-    cannot be read (compacted meanwhile: taken as a redelivery, as before the origin
-    counted)."""
+def _origin_of(ctx: Context, record: MessageRecord) -> str | None:
+    """The node a stored copy came from, as its file says; ``ORIGIN_UNKNOWN`` when the
+    file cannot be read (compacted meanwhile): no node's copy is then a redelivery, so
+    none is counted delivered and dropped unseen."""
     try:
         return relayed_from(ctx.indexes.read_copy(record))
     except (RelayError, OSError, ValueError):
-        return unknown
+        return ORIGIN_UNKNOWN
 
 
 def _check_relay(session: Session, node: str, sender: str) -> None:

@@ -113,10 +113,11 @@ def replied(ctx: Context, reply: proto.Reply) -> None:
         return
     job = ctx.jobs.pending.get(reply.token)
     if job is None:  # answered already (its deadline passed): its effect still counts
-        on_reply = ctx.jobs.late_reply(reply.token)
+        on_reply = ctx.jobs.late_reply(reply.token, reply.shard)
         if on_reply is not None and reply.ok:
             on_reply(reply.result)
         return
+    job.answered_by.add(reply.shard)
     if reply.ok:
         if job.on_reply is not None:
             job.on_reply(reply.result)
@@ -144,20 +145,18 @@ def writer_gone(ctx: Context, shard: int) -> None:
     """A writer went away: what it had not confirmed will never be confirmed.
 
     Publishes and operations it held are answered `unavailable` (a copy's outcome is
-    unknown: it may be durable, so never "delivered"). Claims it held may or may not
-    have happened: their credit comes back now, and each message is put back
-    (cur/ -> new/; refused harmlessly if it never left new/) by the next writer,
-    before any claim of its (`writer_up`), so none stays claimed for nobody. The
-    put-backs it held are sent again then too.
+    unknown: it may be durable, so never "delivered"); the answers of an operation's
+    other writers, still to come, keep their effect (`WriterJobs.late`). Claims it
+    held may or may not have happened: their credit comes back now, and each message
+    is put back (cur/ -> new/; refused harmlessly if it never left new/) by the next
+    writer, before any claim of its (`writer_up`), so none stays claimed for nobody.
+    The put-backs it held are sent again then too.
     """
     log.warning("writer for shard %d disconnected", shard)
-    ctx.jobs.writer_gone(shard)
     error = f"writer for shard {shard} stopped before confirming"
-    for token, job in ctx.jobs.on_shard(shard):
-        if not job.is_publish:  # an operation: it fails as a whole
-            ctx.jobs.forget(token)
-            ctx.replies.add(job.client, wire.error_body(job.rid, Unavailable(error)))
-            continue
+    for job in ctx.jobs.writer_gone(shard):  # an operation: it fails as a whole
+        ctx.replies.add(job.client, wire.error_body(job.rid, Unavailable(error)))
+    for token, job in ctx.jobs.on_shard(shard):  # publishes
         for endpoint, copy in job.copies.items():
             if job.awaits(endpoint) and shard_of(endpoint, ctx.shards) == shard:
                 job.outcomes[endpoint] = ("unavailable", error)
