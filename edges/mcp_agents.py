@@ -2,7 +2,8 @@
 
 Without tokens in auth.json, `relay mcp --http` serves every session as its own
 identity (the process's client) and sender (``--as``), as over stdio. Once auth.json
-lists a token, every HTTP request needs one (`TokenGate`, else ``401``), and a session
+lists a token, every HTTP request needs one (`TokenGate`, else ``401``) for as long as
+the server runs, even when no token is left, and a session
 acts for that token's identity: the router judges its sends, inbox and rights by that
 identity, through the server's own connection naming it on each request (``actingFor``;
 broker/delegation.py). Its sender subject is the ``Relay-Sender`` header, or the
@@ -39,10 +40,16 @@ BEARER = "relay.bearer"  # the ASGI scope key of the verified token's identity
 SENDER_HEADER = "relay-sender"
 NO_TOKEN = "a bearer token is needed (Authorization: Bearer <token>): auth.json lists tokens"
 BAD_TOKEN = "unknown, expired or revoked bearer token"
+NO_TOKEN_LEFT = (
+    "a bearer token is needed: this server serves by token, and still does now that no "
+    "token is left in auth.json (restart it to serve without tokens)"
+)
 
 
 class TokenGate:
-    """ASGI middleware: with tokens configured, a request without a good one gets 401;
+    """ASGI middleware: once auth.json has listed a token (at start or since), a request
+    without a good one gets 401, even after the last token is removed or auth.json is
+    deleted (fail closed: never fall back to serving anyone with the owner's rights);
     with one, the request carries its identity (``scope[BEARER]``, and ``scope["user"]``
     for the MCP SDK's session binding)."""
 
@@ -60,14 +67,17 @@ class TokenGate:
                 send, f"auth.json is refused, so nobody is served: {self.auth.refused}"
             )
             return
-        if not book.configured:  # single-user: the process's identity, as over stdio
+        if not self.auth.by_token:  # single-user: the process's identity, as over stdio
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
         token = bearer_token(headers.get(b"authorization", b"").decode("latin-1"))
         bearer = book.verify(token, now_ms()) if token else None
         if bearer is None:
-            await _unauthorized(send, NO_TOKEN if token is None else BAD_TOKEN)
+            if token is not None:
+                await _unauthorized(send, BAD_TOKEN)
+            else:
+                await _unauthorized(send, NO_TOKEN if book.configured else NO_TOKEN_LEFT)
             return
         user = AuthenticatedUser(
             AccessToken(token=token_hash(token), client_id=bearer.user, scopes=[])

@@ -342,6 +342,7 @@ def serve(
     if home is None or connect_as is None:
         raise ValueError("MCP over HTTP needs the data directory and a way to act for tokens")
     auth = AuthFile(home.auth_file, home.owner_uid)
+    auth.refresh()  # started with tokens listed: it serves by token from the first request
     agents = Agents(tools, auth, connect_as, lambda c, s: RelayTools(c, s, ack_wait))
     host, _, port = http.rpartition(":")
 

@@ -554,3 +554,20 @@ def test_with_tokens_configured_an_http_session_without_one_is_401(broker: Broke
         assert response.json()["error"]["code"] == "not_authorized"
         bad = httpx.post(url, json={}, headers={"Authorization": "Bearer relay_nope"})
         assert bad.status_code == 401
+
+
+def test_once_serving_by_token_a_request_without_one_stays_401_when_none_are_left(
+    broker: Broker,
+) -> None:
+    """Removing the last token (or auth.json) must not open the server to anyone who
+    reaches its port with the owner's rights: it fails closed."""
+    token_for(broker, "alice", A)
+    with mcp_http(broker) as url:
+        removed = broker.relay("auth", "remove", "alice")
+        assert removed.returncode == 0, removed.stderr
+        response = httpx.post(url, json={}, headers={"Accept": "application/json"})
+        assert response.status_code == 401
+        assert "no token is left" in response.json()["error"]["message"]
+        broker.home.auth_file.unlink()
+        again = httpx.post(url, json={}, headers={"Accept": "application/json"})
+        assert again.status_code == 401
