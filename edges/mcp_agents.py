@@ -20,6 +20,7 @@ identity's token.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -31,15 +32,19 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from edges.tokens import AuthFile, Bearer, bearer_token, now_ms, token_hash
 from sdk import subjects
 from sdk.client import Client
-from sdk.errors import InvalidMessage
+from sdk.errors import InvalidMessage, LimitExceeded, SenderNotAllowed
 
 if TYPE_CHECKING:
     from edges.mcp_server import RelayTools
+
+log = logging.getLogger("relay.mcp")
 
 BEARER = "relay.bearer"  # the ASGI scope key of the verified token's identity
 SENDER_HEADER = "relay-sender"
 NO_TOKEN = "a bearer token is needed (Authorization: Bearer <token>): auth.json lists tokens"
 BAD_TOKEN = "unknown, expired or revoked bearer token"
+MAX_SENDERS = 32  # sender subjects one identity uses through one server (each has tools)
+SWEEP_S = 5.0  # how often identities whose tokens expired are forgotten
 NO_TOKEN_LEFT = (
     "a bearer token is needed: this server serves by token, and still does now that no "
     "token is left in auth.json (restart it to serve without tokens)"
@@ -140,10 +145,17 @@ class Agents:
         if bearer is None:
             return self.owner
         sender = sender_of(bearer, request.headers.get(SENDER_HEADER))
+        if not bearer.identity.may_send_as(sender):  # no tools, no reply inbox for it
+            raise SenderNotAllowed(f"{bearer.name} may not send as {sender}")
+        await self.forget_revoked()
         async with self._lock:
-            await self._forget_revoked()
             tools = self._tools.get((bearer.user, sender))
             if tools is None:
+                if sum(user == bearer.user for user, _ in self._tools) >= MAX_SENDERS:
+                    raise LimitExceeded(
+                        f"{bearer.name} already sends as {MAX_SENDERS} subjects through "
+                        "this server: use one of them (Relay-Sender)"
+                    )
                 client = self._clients.get(bearer.user)
                 if client is None:
                     client = await anyio.to_thread.run_sync(self._connect_as, bearer.user)
@@ -152,15 +164,29 @@ class Agents:
                 self._tools[(bearer.user, sender)] = tools
             return tools
 
-    async def _forget_revoked(self) -> None:
-        """Close the clients of identities with no good token left: what they held is
-        handed out again, their reply inboxes stop consuming."""
+    async def forget_revoked(self) -> None:
+        """Close the clients of identities with no good token left (removed, expired):
+        what they held is handed out again, their reply inboxes stop consuming. Called
+        at each tool call and periodically (`sweep`), so an expired identity's client
+        does not wait for a next call that may never come."""
         book, now = self.auth.refresh(), now_ms()
-        for user in [u for u in self._clients if not book.still_good(u, now)]:
-            client = self._clients.pop(user)
-            for key in [k for k in self._tools if k[0] == user]:
+        async with self._lock:
+            gone = [u for u in self._clients if not book.still_good(u, now)]
+            clients = [self._clients.pop(user) for user in gone]
+            for key in [k for k in self._tools if k[0] in gone]:
                 del self._tools[key]
+        for client in clients:  # each close may take seconds: not under the lock
             await anyio.to_thread.run_sync(client.close)
+
+    async def sweep(self, every_s: float = SWEEP_S) -> None:
+        """Forget the identities whose tokens expired or were removed, every ``every_s``
+        seconds, until cancelled."""
+        while True:
+            await anyio.sleep(every_s)
+            try:
+                await self.forget_revoked()
+            except Exception:
+                log.exception("forgetting the clients of revoked tokens failed")
 
     async def close(self) -> None:
         async with self._lock:

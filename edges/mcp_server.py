@@ -348,7 +348,10 @@ def serve(
 
     async def run() -> None:
         try:
-            await serve_http(build_server(tools, agents), host or "127.0.0.1", int(port), auth)
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(agents.sweep)
+                await serve_http(build_server(tools, agents), host or "127.0.0.1", int(port), auth)
+                tasks.cancel_scope.cancel()
         finally:
             await agents.close()
 
