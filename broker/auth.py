@@ -174,6 +174,19 @@ class AuthPolicy:
     def users(self) -> frozenset[str]:
         return frozenset(self._by_user)
 
+    def next_token_expiry(self, now_ms: int) -> int | None:
+        """The earliest time after ``now_ms`` that a token expires, or None: expiry
+        changes no file, so the router judges delegated subscriptions again then."""
+        return min(
+            (
+                grant.expires_ms
+                for identity in self.keys.values()
+                for grant in identity.tokens
+                if grant.expires_ms is not None and grant.expires_ms > now_ms
+            ),
+            default=None,
+        )
+
 
 def _object(value: Any, path: str) -> dict[str, Any]:
     if not isinstance(value, dict):

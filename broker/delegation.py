@@ -14,7 +14,10 @@ A delegate can never do more than it could do itself, nor act for just anyone:
 - it may act only for an identity that has a bearer token still good now (the edges
   act for token bearers; a uid, a bridge's key or a token that expired is out of reach);
 - it may act only for an identity whose rights it holds itself: every sender pattern,
-  every endpoint it may receive, and operator rights only if it has them.
+  every endpoint it may receive, and operator rights only if it has them;
+- it may never act for a bridge (an identity with ``relays``), not even the owner:
+  bridges connect with their own key and are not token bearers, and acting for one
+  would hand in messages as another node.
 
 Naming one's own identity needs no right. What the session holds (subscriptions,
 claims) stays the connection's: docs/security.md, "Delegation".
@@ -37,6 +40,8 @@ def refusal(delegate: Identity, target: Identity, now_ms: int) -> str | None:
         return f"{delegate.name} may not act for other identities (auth.json 'delegate')"
     if not target.has_token_at(now_ms):
         return f"{target.name} has no bearer token that is still good: only token bearers"
+    if target.relays is not None:
+        return f"{target.name} relays messages of other nodes: no delegate acts for a bridge"
     if target.admin and not delegate.admin:
         return f"{target.name} has operator rights and {delegate.name} has none"
     for pattern in target.senders:

@@ -2,7 +2,8 @@
 
 Without tokens in auth.json, `relay mcp --http` serves every session as its own
 identity (the process's client) and sender (``--as``), as over stdio. Once auth.json
-lists a token, every HTTP request needs one (`TokenGate`, else ``401``), and a session
+lists a token, every HTTP request needs one (`TokenGate`, else ``401``) for as long as
+the server runs, even when no token is left, and a session
 acts for that token's identity: the router judges its sends, inbox and rights by that
 identity, through the server's own connection naming it on each request (``actingFor``;
 broker/delegation.py). Its sender subject is the ``Relay-Sender`` header, or the
@@ -19,6 +20,7 @@ identity's token.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -30,19 +32,29 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from edges.tokens import AuthFile, Bearer, bearer_token, now_ms, token_hash
 from sdk import subjects
 from sdk.client import Client
-from sdk.errors import InvalidMessage
+from sdk.errors import InvalidMessage, LimitExceeded, SenderNotAllowed
 
 if TYPE_CHECKING:
     from edges.mcp_server import RelayTools
+
+log = logging.getLogger("relay.mcp")
 
 BEARER = "relay.bearer"  # the ASGI scope key of the verified token's identity
 SENDER_HEADER = "relay-sender"
 NO_TOKEN = "a bearer token is needed (Authorization: Bearer <token>): auth.json lists tokens"
 BAD_TOKEN = "unknown, expired or revoked bearer token"
+MAX_SENDERS = 32  # sender subjects one identity uses through one server (each has tools)
+SWEEP_S = 5.0  # how often identities whose tokens expired are forgotten
+NO_TOKEN_LEFT = (
+    "a bearer token is needed: this server serves by token, and still does now that no "
+    "token is left in auth.json (restart it to serve without tokens)"
+)
 
 
 class TokenGate:
-    """ASGI middleware: with tokens configured, a request without a good one gets 401;
+    """ASGI middleware: once auth.json has listed a token (at start or since), a request
+    without a good one gets 401, even after the last token is removed or auth.json is
+    deleted (fail closed: never fall back to serving anyone with the owner's rights);
     with one, the request carries its identity (``scope[BEARER]``, and ``scope["user"]``
     for the MCP SDK's session binding)."""
 
@@ -60,14 +72,17 @@ class TokenGate:
                 send, f"auth.json is refused, so nobody is served: {self.auth.refused}"
             )
             return
-        if not book.configured:  # single-user: the process's identity, as over stdio
+        if not self.auth.by_token:  # single-user: the process's identity, as over stdio
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
         token = bearer_token(headers.get(b"authorization", b"").decode("latin-1"))
         bearer = book.verify(token, now_ms()) if token else None
         if bearer is None:
-            await _unauthorized(send, NO_TOKEN if token is None else BAD_TOKEN)
+            if token is not None:
+                await _unauthorized(send, BAD_TOKEN)
+            else:
+                await _unauthorized(send, NO_TOKEN if book.configured else NO_TOKEN_LEFT)
             return
         user = AuthenticatedUser(
             AccessToken(token=token_hash(token), client_id=bearer.user, scopes=[])
@@ -130,10 +145,17 @@ class Agents:
         if bearer is None:
             return self.owner
         sender = sender_of(bearer, request.headers.get(SENDER_HEADER))
+        if not bearer.identity.may_send_as(sender):  # no tools, no reply inbox for it
+            raise SenderNotAllowed(f"{bearer.name} may not send as {sender}")
+        await self.forget_revoked()
         async with self._lock:
-            await self._forget_revoked()
             tools = self._tools.get((bearer.user, sender))
             if tools is None:
+                if sum(user == bearer.user for user, _ in self._tools) >= MAX_SENDERS:
+                    raise LimitExceeded(
+                        f"{bearer.name} already sends as {MAX_SENDERS} subjects through "
+                        "this server: use one of them (Relay-Sender)"
+                    )
                 client = self._clients.get(bearer.user)
                 if client is None:
                     client = await anyio.to_thread.run_sync(self._connect_as, bearer.user)
@@ -142,15 +164,29 @@ class Agents:
                 self._tools[(bearer.user, sender)] = tools
             return tools
 
-    async def _forget_revoked(self) -> None:
-        """Close the clients of identities with no good token left: what they held is
-        handed out again, their reply inboxes stop consuming."""
+    async def forget_revoked(self) -> None:
+        """Close the clients of identities with no good token left (removed, expired):
+        what they held is handed out again, their reply inboxes stop consuming. Called
+        at each tool call and periodically (`sweep`), so an expired identity's client
+        does not wait for a next call that may never come."""
         book, now = self.auth.refresh(), now_ms()
-        for user in [u for u in self._clients if not book.still_good(u, now)]:
-            client = self._clients.pop(user)
-            for key in [k for k in self._tools if k[0] == user]:
+        async with self._lock:
+            gone = [u for u in self._clients if not book.still_good(u, now)]
+            clients = [self._clients.pop(user) for user in gone]
+            for key in [k for k in self._tools if k[0] in gone]:
                 del self._tools[key]
+        for client in clients:  # each close may take seconds: not under the lock
             await anyio.to_thread.run_sync(client.close)
+
+    async def sweep(self, every_s: float = SWEEP_S) -> None:
+        """Forget the identities whose tokens expired or were removed, every ``every_s``
+        seconds, until cancelled."""
+        while True:
+            await anyio.sleep(every_s)
+            try:
+                await self.forget_revoked()
+            except Exception:
+                log.exception("forgetting the clients of revoked tokens failed")
 
     async def close(self) -> None:
         async with self._lock:

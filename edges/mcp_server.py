@@ -342,12 +342,16 @@ def serve(
     if home is None or connect_as is None:
         raise ValueError("MCP over HTTP needs the data directory and a way to act for tokens")
     auth = AuthFile(home.auth_file, home.owner_uid)
+    auth.refresh()  # started with tokens listed: it serves by token from the first request
     agents = Agents(tools, auth, connect_as, lambda c, s: RelayTools(c, s, ack_wait))
     host, _, port = http.rpartition(":")
 
     async def run() -> None:
         try:
-            await serve_http(build_server(tools, agents), host or "127.0.0.1", int(port), auth)
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(agents.sweep)
+                await serve_http(build_server(tools, agents), host or "127.0.0.1", int(port), auth)
+                tasks.cancel_scope.cancel()
         finally:
             await agents.close()
 

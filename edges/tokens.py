@@ -110,6 +110,10 @@ class AuthFile:
     # Why the file was refused when no good one had been read: nobody is served then,
     # not even the owner without a token (the file may have listed tokens).
     refused: str | None = None
+    # Whether it has listed a token since this process first read it: an edge serving by
+    # token then keeps asking for one when none is left (removed, file deleted) rather
+    # than fall back to serving anyone with its own rights.
+    by_token: bool = False
 
     def refresh(self) -> TokenBook:
         try:
@@ -130,4 +134,5 @@ class AuthFile:
             self.stamp = stamp
             return self.book
         self.stamp, self.refused, self.book = stamp, None, TokenBook(policy)
+        self.by_token = self.by_token or self.book.configured
         return self.book

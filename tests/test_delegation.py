@@ -22,6 +22,9 @@ GONE = TokenGrant(token_hash("relay_old"), expires_ms=NOW - 1)
 
 AGENT_A = Identity("agent-a", ("relay.agent.a.>",), tokens=(GOOD,))
 EDGE = Identity("edge", ("relay.agent.>",), delegate=True)
+BRIDGE = Identity(
+    "bridge", ("relay.agent.a.>",), relays={"node-b": ("relay.agent.a.>",)}, tokens=(GOOD,)
+)
 
 
 def key() -> str:
@@ -41,8 +44,19 @@ def key() -> str:
             Identity("reader", ("relay.agent.a.x",), consumes=("relay.human.>",), tokens=(GOOD,)),
             "may receive relay.human.>",
         ),
+        (EDGE, BRIDGE, "relays messages"),
+        (Identity("owner", (">",), admin=True, delegate=True), BRIDGE, "relays messages"),
     ],
-    ids=["no-right", "no-token", "token-expired", "admin", "wider-senders", "wider-receives"],
+    ids=[
+        "no-right",
+        "no-token",
+        "token-expired",
+        "admin",
+        "wider-senders",
+        "wider-receives",
+        "bridge",
+        "bridge-even-for-the-owner",
+    ],
 )
 def test_a_delegate_is_refused_for_what_it_may_not_hand_on(delegate, target, why):
     assert why in (refusal(delegate, target, NOW) or "")

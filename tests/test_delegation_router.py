@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -96,6 +97,26 @@ def test_a_subscription_made_for_an_identity_ends_when_its_token_is_removed(
     del data["keys"][A_KEY]["tokens"]  # still listed, but no token: out of a delegate's reach
     write_auth(broker.home, data)
     wait_for(lambda: "may no longer receive it" in broker.log("router"), what="it to end")
+
+
+def test_a_subscription_made_for_an_identity_ends_when_its_token_expires(
+    broker: Broker,
+) -> None:
+    """Expiry changes no file: the router's sweep judges the subscription again once the
+    earliest token expiry has passed."""
+    owner = broker.client()
+    owner.register_endpoint("relay.agent.a.x")
+    expires = datetime.now(UTC) + timedelta(seconds=4)
+    grant = {"hash": token_hash("a"), "expires": expires.isoformat()}
+    agent_a = {"name": "agent-a", "senders": ["relay.agent.a.>"], "tokens": [grant]}
+    write_auth(broker.home, {"keys": {A_KEY: agent_a}})
+    wait_for(lambda: applied(broker, AGENT_A), what="auth.json to apply")
+    a = broker.client(acting_for=AGENT_A)
+    a.subscribe("relay.agent.a.x", lambda envelope: None)
+    assert owner.status()["subscriptions"] == 1
+
+    wait_for(lambda: "may no longer receive it" in broker.log("router"), 30, what="it to end")
+    assert owner.status()["subscriptions"] == 0
 
 
 def test_a_request_and_its_reply_between_two_identities_acted_for(broker: Broker) -> None:

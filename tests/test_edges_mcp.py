@@ -554,3 +554,87 @@ def test_with_tokens_configured_an_http_session_without_one_is_401(broker: Broke
         assert response.json()["error"]["code"] == "not_authorized"
         bad = httpx.post(url, json={}, headers={"Authorization": "Bearer relay_nope"})
         assert bad.status_code == 401
+
+
+def test_once_serving_by_token_a_request_without_one_stays_401_when_none_are_left(
+    broker: Broker,
+) -> None:
+    """Removing the last token (or auth.json) must not open the server to anyone who
+    reaches its port with the owner's rights: it fails closed."""
+    token_for(broker, "alice", A)
+    with mcp_http(broker) as url:
+        removed = broker.relay("auth", "remove", "alice")
+        assert removed.returncode == 0, removed.stderr
+        response = httpx.post(url, json={}, headers={"Accept": "application/json"})
+        assert response.status_code == 401
+        assert "no token is left" in response.json()["error"]["message"]
+        broker.home.auth_file.unlink()
+        again = httpx.post(url, json={}, headers={"Accept": "application/json"})
+        assert again.status_code == 401
+
+
+def test_a_sender_the_token_may_not_use_is_refused_before_any_connection(
+    broker: Broker,
+) -> None:
+    """A Relay-Sender the token's identity may not send as gets no tools and no
+    connection of its own: the server's state cannot grow by naming senders."""
+    mallory_token = token_for(broker, "mallory", "relay.agent.mallory.>")
+    owner = broker.client()
+    with mcp_http(broker) as url:
+
+        async def scenario() -> None:
+            async with over_http(url, mallory_token, **{"Relay-Sender": A}) as mallory:
+                before = owner.status()["clients"]
+                text = await refusal(mallory, "relay_list_endpoints")
+                assert text.startswith("sender_not_allowed: mallory may not send as "), text
+                assert owner.status()["clients"] == before
+
+        run(scenario)
+
+
+def test_one_identity_uses_a_bounded_number_of_senders_through_one_server(
+    broker: Broker,
+) -> None:
+    from edges.mcp_agents import MAX_SENDERS
+
+    token = token_for(broker, "many", "relay.agent.many.>")
+    with mcp_http(broker) as url:
+
+        async def as_sender(n: int) -> Any:
+            async with over_http(url, token, **{"Relay-Sender": f"relay.agent.many.s{n}"}) as c:
+                return await c.call_tool("relay_list_endpoints", {})
+
+        async def scenario() -> None:
+            for n in range(MAX_SENDERS):
+                result = await as_sender(n)
+                assert not result.is_error, result.content[0].text
+            over = await as_sender(MAX_SENDERS)
+            assert over.is_error
+            assert over.content[0].text.startswith("limit_exceeded: many already sends as ")
+            again = await as_sender(0)  # a sender in use still is
+            assert not again.is_error, again.content[0].text
+
+        run(scenario)
+
+
+def test_what_an_expired_tokens_session_held_is_handed_out_again_without_a_call(
+    broker: Broker,
+) -> None:
+    """Expiry changes no file and the session may never call again: the server's sweep
+    closes that identity's connection, so what it held goes to the next reader long
+    before its ack deadline (300 s)."""
+    made = broker.relay("auth", "add-token", "bob", "--sender", B, "--expires", "8s")
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.split("shown once; auth.json keeps its hash): ")[1].split()[0]
+    owner = broker.client()
+    owner.register_endpoint(B)
+    owner.publish(B, "for bob", sender=A)
+    with mcp_http(broker) as url:
+
+        async def scenario() -> None:
+            async with over_http(url, token) as bob:
+                assert (await read_one(bob, B))["payload"] == "for bob"
+
+        run(scenario)
+        again = wait_for(lambda: owner.fetch(B, wait=1.0), 40, what="bob's claim released")
+        assert [m.envelope.payload for m in again] == ["for bob"]

@@ -230,10 +230,10 @@ class Consumers:
     def end_beyond_rights(self, policy: AuthPolicy, now_ms: int) -> list[tuple[Subscription, str]]:
         """End the subscriptions whose client may no longer receive what they cover
         (auth.json narrowed, or its credentials revoked; for one made acting for another
-        identity, that identity's rights and the delegation itself): pushes stop at
-        once, not at the next subscribe. Messages already pushed stay held (ack them as
-        usual); the client learns at its next heartbeat. Returns each ended one with
-        who held it."""
+        identity, that identity's rights and the delegation itself, which ends when its
+        last token expires): pushes stop at once, not at the next subscribe. Messages
+        already pushed stay held (ack them as usual); the client learns at its next
+        heartbeat. Returns each ended one with who held it."""
         ended = []
         for session in list(self.sessions.values()):
             for sub_id in sorted(session.subs):

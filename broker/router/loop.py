@@ -26,6 +26,7 @@ from typing import Any
 
 import zmq
 
+from broker.auth import AuthPolicy
 from broker.control import ControlPlane
 from broker.rejections import RejectionLog
 from broker.reliability import Reliability
@@ -108,6 +109,7 @@ class Router:
             },
         )
         self.watch = FileWatch(self.home.root)
+        self._next_token_expiry: int | None = None  # unix ms; set as auth.json is applied
 
         # Before any client socket binds: libzmq asks it about every handshake.
         self.zap = ZapHandler(self.zmq, lambda: self.ctx.settings.auth)
@@ -199,6 +201,8 @@ class Router:
         events.sweep(self.ctx, now)
         remote.answer_held(self.ctx, now)
         self.ctx.rejections.flush_due(now)
+        if self._next_token_expiry is not None and now >= self._next_token_expiry:
+            self._end_beyond_rights(self.ctx.settings.auth, now, "a token expired")
         consumers = self.ctx.consumers
         for identity in consumers.expired(now):
             log.info(
@@ -442,15 +446,21 @@ class Router:
             return
         if before - policy.users:
             self.public.rebind_signals()
-        for sub, name in self.ctx.consumers.end_beyond_rights(policy, now_ms()):
+        self._end_beyond_rights(policy, now_ms(), AUTH_FILE)
+        self.public.admit_other_uids(len(policy.uids) > 1)
+
+    def _end_beyond_rights(self, policy: AuthPolicy, now: int, why: str) -> None:
+        """End the subscriptions the policy no longer allows now, and note when the next
+        token expires: the sweep judges them again then (no file changes at expiry)."""
+        for sub, name in self.ctx.consumers.end_beyond_rights(policy, now):
             log.warning(
                 "subscription %d to %r ended: %s may no longer receive it (%s)",
                 sub.id,
                 sub.pattern,
                 name,
-                AUTH_FILE,
+                why,
             )
-        self.public.admit_other_uids(len(policy.uids) > 1)
+        self._next_token_expiry = policy.next_token_expiry(now)
 
     def _seed_rate_limiter(self) -> None:
         """The rate-limit window survives a restart: refill it from the indexes."""
