@@ -44,6 +44,8 @@ const EndpointNotFoundError = define("EndpointNotFoundError", "endpoint_not_foun
 const MessageNotFoundError = define("MessageNotFoundError", "message_not_found", NotFoundError);
 const AlreadyClaimedError = define("AlreadyClaimedError", "already_claimed");
 const InvalidStateError = define("InvalidStateError", "invalid_state");
+/** A dead letter to requeue is past its TTL: requeued, it would die again. */
+const TtlExpiredError = define("TtlExpiredError", "ttl_expired", InvalidStateError);
 const AccessDeniedError = define("AccessDeniedError", "access_denied");
 const SenderNotAllowedError = define("SenderNotAllowedError", "sender_not_allowed", AccessDeniedError);
 const NotAuthorizedError = define("NotAuthorizedError", "not_authorized", AccessDeniedError);
@@ -57,7 +59,7 @@ const CLASSES = [
   MalformedFrameError, UnsupportedVersionError, UnknownOperationError, InvalidMessageError,
   InvalidSubjectError, PayloadTooLargeError, LimitExceededError, NotFoundError,
   EndpointNotFoundError, MessageNotFoundError, AlreadyClaimedError, InvalidStateError,
-  AccessDeniedError, SenderNotAllowedError, NotAuthorizedError, InvalidConfigError, StorageError,
+  TtlExpiredError, AccessDeniedError, SenderNotAllowedError, NotAuthorizedError, InvalidConfigError, StorageError,
   UnavailableError, TimeoutError, InternalError,
 ];
 
