@@ -255,3 +255,21 @@ def test_an_operation_failed_by_a_writer_gone_keeps_its_other_writers_answers():
     assert on_reply is not None
     on_reply("shard 1")
     assert seen == ["shard 1"] and jobs.late_reply(token, 1) is None
+
+
+def test_an_operation_refused_by_a_full_writer_keeps_the_answers_of_those_it_reached():
+    """A requeue sent to writer 0, then refused because writer 1's queue is full: the
+    request fails, writer 0 still moves its messages, and its answer still puts them in
+    line; writer 1, which never got the work, owes nothing."""
+    jobs = WriterJobs()
+    seen: list[str] = []
+    token, job = jobs.open(b"client", 1, 2, lambda job: None, now=0)
+    job.on_reply, job.shards = seen.append, {0, 1}
+
+    jobs.abandon(token, job, sent_to={0})
+    assert token not in jobs.pending
+    assert jobs.late_reply(token, 1) is None  # never sent: no answer to wait for
+    on_reply = jobs.late_reply(token, 0)
+    assert on_reply is not None
+    on_reply("shard 0")
+    assert seen == ["shard 0"] and token not in jobs.late

@@ -144,6 +144,14 @@ class WriterJobs:
         if job.on_reply is not None and owing:
             self.late[token] = (job.on_reply, owing)
 
+    def abandon(self, token: int, job: Job, sent_to: set[int]) -> None:
+        """``job`` fails before all its writers got it (one's queue was full): the
+        writers it was sent to still do it, so their answers keep their effects; what
+        was parked for writers not up is never sent."""
+        job.shards = set(sent_to)
+        self.outlive(token, job)
+        self.forget(token)
+
     def late_reply(self, token: int, shard: int) -> Callable[[Any], None] | None:
         """The ``on_reply`` of an answer that came after its job was answered."""
         kept = self.late.get(token)

@@ -263,13 +263,15 @@ class Router:
             session.identity, rid, len(work.args_by_shard), work.on_done, now_ms()
         )
         job.on_reply = work.on_reply
+        sent: set[int] = set()
         for shard, args in work.args_by_shard.items():
             job.shards.add(shard)
             frames = proto.op(token, work.name, **args)
             if self.links.send(shard, frames):
+                sent.add(shard)
                 continue
             if self.links.is_up(shard):  # up, and not taking work: its queue is full
-                jobs.forget(token)
+                jobs.abandon(token, job, sent)
                 raise Unavailable(f"writer for shard {shard} is not taking work")
             jobs.park_op(shard, token, frames)
         return DEFERRED
