@@ -115,20 +115,15 @@ def _copy(
     subject = (
         subjects[hashes.index(endpoint)] if endpoint in hashes else "relay.agent.sample.nobody"
     )
-    if endpoint == UNROUTABLE:
+
+    def dead(failed: int, reason: str, code: str) -> MessageRecord:
         return MessageRecord(
-            message_id,
-            endpoint,
-            subject,
-            sender,
-            State.FAILED,
-            created,
-            stored,
-            None,
-            stored,
-            "no matching endpoints",
-            "no_match",
-        )
+            message_id, endpoint, subject, sender, State.FAILED, created, stored, None,
+            failed, reason, code,
+        )  # fmt: skip
+
+    if endpoint == UNROUTABLE:
+        return dead(stored, "no matching endpoints", "no_match")
     state = rng.choices(list(State.__members__.values()), weights=_weights(spec))[0]
     if state is State.NEW:
         return MessageRecord(message_id, endpoint, subject, sender, state, created, stored)
@@ -143,19 +138,7 @@ def _copy(
         )
     code, reason = rng.choice(DEAD_CODES)
     failed = stored if code != "nack" else min(claimed + int(rng.lognormvariate(5, 1)), now_ms - 1)
-    return MessageRecord(
-        message_id,
-        endpoint,
-        subject,
-        sender,
-        State.FAILED,
-        created,
-        stored,
-        None,
-        failed,
-        reason,
-        code,
-    )
+    return dead(failed, reason, code)
 
 
 def _weights(spec: Spec) -> list[float]:

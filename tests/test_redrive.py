@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from broker.router.jobs import WriterJobs
+from broker.router.jobs import Job, WriterJobs
 from sdk.errors import InvalidState, MessageNotFound, TtlExpired, Unavailable
 from sdk.paths import shard_of
 from sdk.types import default_budget
@@ -196,14 +196,27 @@ def test_a_writer_killed_while_requeueing_leaves_one_copy_handed_out_once(
     assert client.trace(message_id)["copies"][0]["state"] == "done"
 
 
+def _two_shard_job(jobs: WriterJobs) -> tuple[int, Job, list[str]]:
+    """A requeue on shards 0 and 1 whose answers' effects land in the list returned."""
+    seen: list[str] = []
+    token, job = jobs.open(b"client", 1, 2, lambda job: None, now=0)
+    job.on_reply, job.shards = seen.append, {0, 1}
+    return token, job, seen
+
+
+def _late_answer_applies_once(jobs: WriterJobs, token: int, shard: int, seen: list[str]) -> None:
+    on_reply = jobs.late_reply(token, shard)
+    assert on_reply is not None
+    on_reply(f"shard {shard}")
+    assert seen == [f"shard {shard}"] and jobs.late_reply(token, shard) is None
+
+
 def test_writers_answers_after_an_operations_deadline_still_reach_its_on_reply():
     """A requeue answered unavailable at its deadline while its writers went on: each
     late answer still puts its messages in line (broker/router/jobs.py, `late_reply`),
     until the writer that owes one goes away."""
     jobs = WriterJobs()
-    seen: list[str] = []
-    token, job = jobs.open(b"client", 1, 2, lambda job: None, now=0)
-    job.on_reply, job.shards = seen.append, {0, 1}
+    token, job, seen = _two_shard_job(jobs)
 
     jobs.outlive(token, job)  # the sweep, at the deadline
     jobs.forget(token)
@@ -226,35 +239,25 @@ def test_a_writer_gone_drops_only_the_late_answer_it_owed():
     is read again at its hello), the other's late answer still puts its messages in
     line, or they stay in new/ outside any queue until the router restarts."""
     jobs = WriterJobs()
-    seen: list[str] = []
-    token, job = jobs.open(b"client", 1, 2, lambda job: None, now=0)
-    job.on_reply, job.shards = seen.append, {0, 1}
+    token, job, seen = _two_shard_job(jobs)
     jobs.outlive(token, job)
     jobs.forget(token)
 
     jobs.writer_gone(0)
     assert jobs.late_reply(token, 0) is None  # from the writer gone: none comes
-    on_reply = jobs.late_reply(token, 1)
-    assert on_reply is not None
-    on_reply("shard 1")
-    assert seen == ["shard 1"] and jobs.late_reply(token, 1) is None
+    _late_answer_applies_once(jobs, token, 1, seen)
 
 
 def test_an_operation_failed_by_a_writer_gone_keeps_its_other_writers_answers():
     """A requeue on two shards whose writer 0 disconnects first: the request fails as a
     whole, and writer 1's answer, which comes after, still puts its messages in line."""
     jobs = WriterJobs()
-    seen: list[str] = []
-    token, job = jobs.open(b"client", 1, 2, lambda job: None, now=0)
-    job.on_reply, job.shards = seen.append, {0, 1}
+    token, job, seen = _two_shard_job(jobs)
 
     failed = jobs.writer_gone(0)
     assert failed == [job] and token not in jobs.pending
     assert jobs.late_reply(token, 0) is None  # from the writer gone: none comes
-    on_reply = jobs.late_reply(token, 1)
-    assert on_reply is not None
-    on_reply("shard 1")
-    assert seen == ["shard 1"] and jobs.late_reply(token, 1) is None
+    _late_answer_applies_once(jobs, token, 1, seen)
 
 
 def test_an_operation_refused_by_a_full_writer_keeps_the_answers_of_those_it_reached():
@@ -262,14 +265,10 @@ def test_an_operation_refused_by_a_full_writer_keeps_the_answers_of_those_it_rea
     request fails, writer 0 still moves its messages, and its answer still puts them in
     line; writer 1, which never got the work, owes nothing."""
     jobs = WriterJobs()
-    seen: list[str] = []
-    token, job = jobs.open(b"client", 1, 2, lambda job: None, now=0)
-    job.on_reply, job.shards = seen.append, {0, 1}
+    token, job, seen = _two_shard_job(jobs)
 
     jobs.abandon(token, job, sent_to={0})
     assert token not in jobs.pending
     assert jobs.late_reply(token, 1) is None  # never sent: no answer to wait for
-    on_reply = jobs.late_reply(token, 0)
-    assert on_reply is not None
-    on_reply("shard 0")
-    assert seen == ["shard 0"] and token not in jobs.late
+    _late_answer_applies_once(jobs, token, 0, seen)
+    assert token not in jobs.late

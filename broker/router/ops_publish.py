@@ -95,9 +95,8 @@ def queue_writes(
     is durable or failed. ``already``: copies found stored before (an ingest), counted
     as delivered. An ingest's copies (``request.relayed_from``) are stored by the
     writers only where the id is not stored yet (JetStream may deliver one twice).
-    ``remote_parts``:
-    (payload, parts by node, remote copies refused) of a publish that reaches other
-    nodes, handed to the bridge under the same job."""
+    ``remote_parts``: (payload, parts by node, remote copies refused) of a publish that
+    reaches other nodes, handed to the bridge under the same job."""
     message_id, sender = request.message_id, request.sender
     payload, parts, refused = remote_parts or (None, {}, [])
 
