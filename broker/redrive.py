@@ -24,10 +24,12 @@ REFUSED_AT_PUBLISH = frozenset(
 )
 
 # How many dead letters one request requeues at most (`requeue_dead_letters` limit). The
-# writer does them one by one, each three fsyncs (file, new/, failed/): measured here
-# with other work on the disk, 14.7 ms each (300 in 4.4 s), so 200 take about 3 s,
-# inside the 10 s the router waits for a writer (broker/router/jobs.py), and the
-# shard's other work waits that long at most.
+# writer does them as one batch (workers/dead_letters.py, `redrive_batch`: one flush for
+# the files, one fsync per directory, where it was three fsyncs each: 600 fsyncs became
+# one syncfs and two fsyncs): 200 took a median 0.2 s here on a loaded machine (0.3 to
+# 0.7 s one by one; bench/requeue_cost.py), well inside the 10 s the router waits for a
+# writer (broker/router/jobs.py); the shard's other work waits that long at most. The
+# bound still keeps that wait short when the disk is slow.
 MAX_PER_REQUEST = 200
 
 

@@ -29,7 +29,7 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from edges.tokens import AuthFile, Bearer, bearer_token, now_ms, token_hash
+from edges.tokens import AuthFile, Bearer, TokenRefused, bearer_token, now_ms, token_hash
 from sdk import subjects
 from sdk.client import Client
 from sdk.errors import InvalidMessage, LimitExceeded, SenderNotAllowed
@@ -41,22 +41,16 @@ log = logging.getLogger("relay.mcp")
 
 BEARER = "relay.bearer"  # the ASGI scope key of the verified token's identity
 SENDER_HEADER = "relay-sender"
-NO_TOKEN = "a bearer token is needed (Authorization: Bearer <token>): auth.json lists tokens"
-BAD_TOKEN = "unknown, expired or revoked bearer token"
 MAX_SENDERS = 32  # sender subjects one identity uses through one server (each has tools)
 SWEEP_S = 5.0  # how often identities whose tokens expired are forgotten
-NO_TOKEN_LEFT = (
-    "a bearer token is needed: this server serves by token, and still does now that no "
-    "token is left in auth.json (restart it to serve without tokens)"
-)
 
 
 class TokenGate:
     """ASGI middleware: once auth.json has listed a token (at start or since), a request
     without a good one gets 401, even after the last token is removed or auth.json is
-    deleted (fail closed: never fall back to serving anyone with the owner's rights);
-    with one, the request carries its identity (``scope[BEARER]``, and ``scope["user"]``
-    for the MCP SDK's session binding)."""
+    deleted (fail closed, `AuthFile.admit`: the rule the HTTP gateway follows too); with
+    one, the request carries its identity (``scope[BEARER]``, and ``scope["user"]`` for
+    the MCP SDK's session binding)."""
 
     def __init__(self, app: ASGIApp, auth: AuthFile) -> None:
         self.app = app
@@ -66,23 +60,15 @@ class TokenGate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        book = self.auth.refresh()
-        if self.auth.refused is not None:
-            await _unauthorized(
-                send, f"auth.json is refused, so nobody is served: {self.auth.refused}"
-            )
-            return
-        if not self.auth.by_token:  # single-user: the process's identity, as over stdio
-            await self.app(scope, receive, send)
-            return
         headers = dict(scope.get("headers") or [])
         token = bearer_token(headers.get(b"authorization", b"").decode("latin-1"))
-        bearer = book.verify(token, now_ms()) if token else None
-        if bearer is None:
-            if token is not None:
-                await _unauthorized(send, BAD_TOKEN)
-            else:
-                await _unauthorized(send, NO_TOKEN if book.configured else NO_TOKEN_LEFT)
+        try:
+            bearer = self.auth.admit(token, now_ms())
+        except TokenRefused as refused:
+            await _unauthorized(send, str(refused))
+            return
+        if bearer is None or token is None:  # none needed: the process's own identity
+            await self.app(scope, receive, send)
             return
         user = AuthenticatedUser(
             AccessToken(token=token_hash(token), client_id=bearer.user, scopes=[])

@@ -6,7 +6,8 @@ expires; broker/auth.py). An edge verifies the token here, then acts for its ide
 through its own connection, naming that identity on every request (``actingFor``;
 broker/delegation.py): the router judges each request by that identity's rights.
 
-`TokenBook` is pure (time is an argument); `AuthFile` re-reads auth.json when it changes.
+`TokenBook` is pure (time is an argument); `AuthFile` re-reads auth.json when it changes,
+and holds the one rule both edges admit a request by (`AuthFile.admit`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,13 @@ log = logging.getLogger("relay.tokens")
 
 TOKEN_PREFIX = "relay_"
 HASH_PREFIX = "sha256:"
+
+NO_TOKEN = "a bearer token is needed (Authorization: Bearer <token>): auth.json lists tokens"
+NO_TOKEN_LEFT = (
+    "a bearer token is needed: this server serves by token, and still does now that no "
+    "token is left in auth.json (restart it to serve without tokens)"
+)
+BAD_TOKEN = "unknown, expired or revoked bearer token"
 
 
 def now_ms() -> int:
@@ -52,6 +60,11 @@ def bearer_token(authorization: str | None) -> str | None:
     if scheme.lower() != "bearer" or not token.strip():
         return None
     return token.strip()
+
+
+class TokenRefused(Exception):
+    """A request an edge answers ``401``: the token it showed, or its lack of one, serves
+    nobody. The message says which."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,3 +149,23 @@ class AuthFile:
         self.stamp, self.refused, self.book = stamp, None, TokenBook(policy)
         self.by_token = self.by_token or self.book.configured
         return self.book
+
+    def admit(self, token: str | None, now_ms: int) -> Bearer | None:
+        """Whom a request showing ``token`` (None: no token) acts for: the token's
+        identity, or None when it needs none because auth.json has listed no token since
+        this process first read it (the edge serves it as itself, within its own checks).
+        `TokenRefused` otherwise. Fails closed: once serving by token, a request without
+        one stays refused when the last token is removed or auth.json deleted, rather
+        than fall back to the edge's own (the owner's) rights; a token shown is always
+        verified, never ignored."""
+        book = self.refresh()
+        if self.refused is not None:
+            raise TokenRefused(f"auth.json is refused, so nobody is served: {self.refused}")
+        if token is None:
+            if self.by_token:
+                raise TokenRefused(NO_TOKEN if book.configured else NO_TOKEN_LEFT)
+            return None
+        bearer = book.verify(token, now_ms)
+        if bearer is None:
+            raise TokenRefused(BAD_TOKEN)
+        return bearer

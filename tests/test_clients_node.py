@@ -315,6 +315,51 @@ def test_a_node_client_keeps_what_it_holds_when_the_router_restarts(broker: Brok
     assert peer.proc.returncode == 0
 
 
+def node_script(script: str, *args: str) -> Any:
+    """`node -e SCRIPT ARGS...` in clients/node, no broker variables: the JSON of its last
+    line of output."""
+    proc = subprocess.run(
+        [node(), "-e", script, *args],
+        cwd=NODE_DIR,
+        env=node_env(None),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"no output (exit {proc.returncode}):\n{proc.stderr}"
+    return json.loads(lines[-1])
+
+
+ACTING_SCRIPT = """
+const relay = require(".");
+(async () => {
+  const client = await relay.connect({ home: process.argv[1], actingFor: process.argv[2] });
+  const codeOf = (promise) => promise.then(() => null, (err) => err.code);
+  const own = await client.publish("relay.agent.a.x", 1, { from: "relay.agent.a.x" });
+  const other = await codeOf(client.publish("relay.agent.a.x", 2, { from: "relay.agent.b.x" }));
+  const config = await codeOf(client.setConfig({ rateLimit: {} }));
+  console.log(JSON.stringify({ delivered: own.deliveredTo, other, config }));
+  await client.close();
+})().catch((err) => { console.log(JSON.stringify({ error: err.code, message: err.message })); });
+"""
+
+
+def test_a_node_client_acting_for_a_token_identity_has_its_rights_only(broker: Broker):
+    """`connect({actingFor})`: every request names the identity (docs/protocol.md,
+    "Acting for an identity"); the router judges them by its rights, not the owner's."""
+    made = broker.relay("auth", "add-token", "agent-a", "--sender", "relay.agent.a.>")
+    assert made.returncode == 0, made.stderr
+    keys = json.loads(broker.home.auth_file.read_text())["keys"]
+    (key,) = [k for k, entry in keys.items() if entry["name"] == "agent-a"]
+    broker.client().register_endpoint("relay.agent.a.x")
+    assert node_script(ACTING_SCRIPT, str(broker.home.root), f"key:{key}") == {
+        "delivered": 1,
+        "other": "sender_not_allowed",
+        "config": "not_authorized",
+    }
+
+
 CURVE_SCRIPT = """
 const relay = require(".");
 (async () => {
@@ -339,22 +384,9 @@ const relay = require(".");
 def test_node_client_talks_curve_to_a_tcp_broker():
     with Broker.on_tcp([("nodekey", ["relay.agent.nodekey.>"], False)]) as broker:
         keys = broker.home.keys
-        proc = subprocess.run(
-            [
-                node(),
-                "-e",
-                CURVE_SCRIPT,
-                broker.client_options["address"],
-                str(keys / "nodekey.key_secret"),
-                str(keys / "server.key"),
-            ],
-            cwd=NODE_DIR,
-            env=node_env(None),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert json.loads(proc.stdout.strip().splitlines()[-1]) == {
+        address = broker.client_options["address"]
+        secret, server = str(keys / "nodekey.key_secret"), str(keys / "server.key")
+        assert node_script(CURVE_SCRIPT, address, secret, server) == {
             "delivered": 1,
             "refused": "sender_not_allowed",
-        }, proc.stdout + proc.stderr
+        }

@@ -34,9 +34,19 @@ threading.Event().wait(30)
 """
 
 
-def die_holding(broker, pattern: str = BOX) -> None:
+# One that fetches what waits, then is killed holding all of it: the fetch is answered
+# once every claim is made, so no claim is still on its way when it dies.
+DIES_AFTER_FETCH = """
+import os, signal, sys
+from sdk import connect
+connect(sys.argv[1]).fetch(sys.argv[2], batch=100)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def die_holding(broker, pattern: str = BOX, script: str = DIES_HOLDING) -> None:
     result = subprocess.run(
-        [sys.executable, "-c", DIES_HOLDING, str(broker.home.root), pattern],
+        [sys.executable, "-c", script, str(broker.home.root), pattern],
         timeout=60,
         cwd=ROOT,
     )
@@ -149,13 +159,14 @@ def test_claims_whose_holder_does_not_come_back_after_a_restart_are_handed_out(b
     client.register_endpoint(BOX)
     client.set_config({"delivery": {"sessionTimeoutMs": 1000}})
     ids = [client.publish(BOX, n, sender=SENDER).message_id for n in range(2)]
-    die_holding(broker)
+    die_holding(broker, script=DIES_AFTER_FETCH)  # holding both
     broker.kill("router")  # before it saw the consumer go: it learns from cur/
     broker.start_router()
     broker.wait_ready()
     other = broker.client()
     got = wait_for(lambda: other.fetch(BOX, batch=5, wait=1), what="the orphaned claims")
     assert [(m.id, m.deliveries) for m in got] == [(i, 2) for i in ids]
+    assert "2 claims in cur/ that no session named" in broker.log("router")
 
 
 def test_status_shows_claimed_messages_beside_waiting_ones(broker):
@@ -214,6 +225,10 @@ def test_a_client_back_before_the_writers_after_a_restart_keeps_what_it_holds(br
     assert other.fetch(BOX, wait=2.5) == []  # past the session timeout: still the client's
     held.ack()
     assert other.trace(message_id)["copies"][0]["state"] == "done"
+    # The writers' hellos (before "ready") found the claim in cur/: not one nobody named.
+    log = broker.log("router")
+    assert log.count("ready: ") == 2, log
+    assert "no session named" not in log and "nobody known" not in log, log
 
 
 def test_a_claim_held_across_a_restart_keeps_its_ack_deadline(broker):

@@ -117,7 +117,7 @@ def test_a_token_of_other_credentials_takes_nothing():
 
 def test_orphans_wait_one_session_timeout_for_their_holder_then_are_released():
     c = Consumers()
-    c.add_orphans([("ID1", "h", 1), ("ID2", "h", 2)], now_ms=0)
+    assert c.add_orphans([("ID1", "h", 1), ("ID2", "h", 2)], now_ms=0) == 2
     back = c.touch(b"back", 100, "uid:1")
     # The holder names ID1 as it was handed to it; a wrong count is not its hand-out.
     holding = [("ID1", "h", 1, None), ("ID2", "h", 1, None)]
@@ -159,5 +159,5 @@ def test_a_claim_named_before_its_writer_said_hello_is_taken_on_the_clients_word
     assert c.resume(back, None, holding, 100, unknown=lambda i, e: i == "ID1") == 1
     held = c.holds(b"back", "ID1", "h")
     assert (held.deliveries, held.since, held.ack_wait) == (2, 100, 60_000)
-    c.add_orphans([("ID1", "h", 2)], now_ms=200)  # the writer's hello: not an orphan
-    assert c.orphans == {}
+    assert c.add_orphans([("ID1", "h", 2)], now_ms=200) == 0  # the writer's hello
+    assert c.orphans == {}  # not an orphan: its holder named it

@@ -693,6 +693,23 @@ def test_a_token_acts_with_its_identity_rights_on_a_default_install(broker: Brok
         )
 
 
+def test_once_serving_by_token_a_request_without_one_stays_401_when_none_are_left(
+    broker: Broker,
+) -> None:
+    """Removing the last token (or auth.json) must not open the gateway to whoever
+    reaches it over loopback with the owner's rights: it fails closed, as MCP does."""
+    add_token(broker, "agent-a", "--sender", "relay.agent.a.>")
+    with RunningGateway(broker) as gw:  # started with a token listed: serves by token
+        removed = broker.relay("auth", "remove", "agent-a")
+        assert removed.returncode == 0, removed.stderr
+        left = gw.http.get("/api/status")
+        assert left.status_code == 401
+        assert left.json()["error"]["code"] == "not_authorized"
+        assert "no token is left" in left.json()["error"]["message"]
+        broker.home.auth_file.unlink()
+        assert gw.http.get("/api/status").status_code == 401
+
+
 def test_an_expired_token_gets_401_like_an_unknown_one(broker: Broker) -> None:
     token = add_token(broker, "agent-a", "--sender", "relay.agent.a.>", "--expires", "30d")
     with RunningGateway(broker) as gw:

@@ -573,6 +573,17 @@ def test_once_serving_by_token_a_request_without_one_stays_401_when_none_are_lef
         assert again.status_code == 401
 
 
+def test_a_token_shown_to_a_server_without_tokens_is_refused_not_ignored(
+    broker: Broker,
+) -> None:
+    """A client that believes it acts as a narrower identity is never served with the
+    process's own rights instead (the rule the HTTP gateway follows: AuthFile.admit)."""
+    with mcp_http(broker) as url:
+        response = httpx.post(url, json={}, headers={"Authorization": "Bearer relay_nope"})
+        assert response.status_code == 401
+        assert response.json()["error"]["message"] == "unknown, expired or revoked bearer token"
+
+
 def test_a_sender_the_token_may_not_use_is_refused_before_any_connection(
     broker: Broker,
 ) -> None:

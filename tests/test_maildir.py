@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from sdk.errors import AlreadyClaimed, InvalidMessage, InvalidState, MessageNotFound, StorageError
 from sdk.ids import new_id
+from workers.dead_letters import redrive_batch
 from workers.filenames import FileName, deliveries_of, format_name, parse_name, place_of
 from workers.group_commit import deliver_batch
 from workers.maildir import Mailbox
@@ -62,6 +63,14 @@ def box(mailboxes: Path) -> Mailbox:
     mailbox = Mailbox.at(mailboxes, "0123456789ab")
     mailbox.create()
     return mailbox
+
+
+def made_boxes(mailboxes: Path, count: int) -> list[Mailbox]:
+    """``count`` mailboxes, created."""
+    boxes = [Mailbox.at(mailboxes, f"00000000000{i}") for i in range(count)]
+    for mailbox in boxes:
+        mailbox.create()
+    return boxes
 
 
 def files_in(directory: str) -> list[str]:
@@ -421,9 +430,7 @@ def test_two_processes_racing_to_claim_each_message_exactly_one_wins(box: Mailbo
 
 
 def test_deliver_batch_stores_every_item_in_its_target(mailboxes: Path) -> None:
-    boxes = [Mailbox.at(mailboxes, f"00000000000{i}") for i in range(3)]
-    for mailbox in boxes:
-        mailbox.create()
+    boxes = made_boxes(mailboxes, 3)
     items = []
     for i in range(30):
         message_id, data = make_envelope()
@@ -439,9 +446,7 @@ def test_deliver_batch_stores_every_item_in_its_target(mailboxes: Path) -> None:
 
 def test_deliver_batch_item_whose_mailbox_vanished_fails_alone(mailboxes: Path) -> None:
     # Given a batch for three mailboxes, one of which was removed from disk
-    boxes = [Mailbox.at(mailboxes, f"00000000000{i}") for i in range(3)]
-    for mailbox in boxes:
-        mailbox.create()
+    boxes = made_boxes(mailboxes, 3)
     shutil.rmtree(boxes[1].root)
     items = [(boxes[i % 3], *make_envelope(), "new") for i in range(9)]
     # When it is delivered
@@ -496,6 +501,40 @@ def test_deliver_batch_of_one_takes_the_single_file_path(box: Mailbox) -> None:
     [stored_at] = deliver_batch([(box, message_id, data, "new")])
     assert isinstance(stored_at, int)
     assert box.read(message_id) == (State.NEW, data)
+
+
+def test_redrive_batch_requeues_what_it_can_and_refuses_each_other_item_alone(
+    mailboxes: Path,
+) -> None:
+    # Given dead letters in two mailboxes, a quarantined file and an id with no dead letter
+    boxes = made_boxes(mailboxes, 2)
+    dead = []
+    for i in range(6):
+        message_id, data = make_envelope()
+        stored_at = boxes[i % 2].deliver(message_id, data)
+        boxes[i % 2].fail(message_id, "consumer raised", "nack", NOW)
+        dead.append((boxes[i % 2], message_id, data, stored_at))
+    (Path(boxes[0].new_dir) / "README").write_bytes(b"junk")
+    junk = boxes[0].quarantine("README", "not a JSON envelope", "invalid_message", NOW)
+    items = [(m.paths, i) for m, i, _, _ in dead] + [
+        (boxes[0].paths, junk),
+        (boxes[1].paths, new_id()),
+    ]
+    # When they are requeued in one batch
+    results = redrive_batch(items, NOW + 5)
+    # Then each dead letter is back in new/ as the message it was, its dead letter in its
+    # history and its mtime the original's; the others are refused and left as they were
+    assert results[:6] == [None] * 6
+    for mailbox, message_id, data, stored_at in dead:
+        state, content = mailbox.read(message_id)
+        requeued = json.loads(content)
+        assert state is State.NEW and requeued.pop("requeues")[0]["requeuedAt"] == NOW + 5
+        assert requeued == json.loads(data)
+        assert (Path(mailbox.new_dir) / message_id).stat().st_mtime_ns // 10**6 == stored_at
+    assert isinstance(results[6], InvalidState) and isinstance(results[7], MessageNotFound)
+    assert boxes[0].find(junk)[0] is State.FAILED
+    assert all(files_in(m.failed_dir) == [junk] * (m is boxes[0]) for m in boxes)
+    assert all(files_in(m.tmp_dir) == [] for m in boxes)
 
 
 def _comparable(records: list[MessageRecord]) -> list[tuple]:

@@ -61,6 +61,9 @@ CHILD = textwrap.dedent(
         boxes[0].fail(messages[0][0], "consumer raised", "nack", 3)
     elif op == "redrive":
         boxes[0].redrive(messages[0][0], 5)
+    elif op == "redrive_batch":
+        from workers.dead_letters import redrive_batch
+        redrive_batch([(boxes[i % len(boxes)].paths, m) for i, (m, _) in enumerate(messages)], 5)
     sys.exit(0)
     """
 )
@@ -73,6 +76,7 @@ class Case:
     before: State | None  # the state the operation starts from (None: not on disk yet)
     after: State | None  # the one state recovery must find (None: absent)
     messages: int = 1
+    crashed: tuple[State, ...] | None = None  # where each message is before recovery
 
     @property
     def id(self) -> str:
@@ -108,7 +112,20 @@ CASES = [
     Case("redrive", faults.REDRIVE_AFTER_TMP_WRITE, State.FAILED, State.FAILED),
     Case("redrive", faults.REDRIVE_AFTER_NEW_WRITTEN, State.FAILED, State.FAILED),
     Case("redrive", faults.REDRIVE_AFTER_UNLINK, State.FAILED, State.NEW),
+    # a requeue of many dead letters, 12 over 3 mailboxes, each step done for all: every
+    # one is renamed into new/ before any dead letter is removed
+    Case("redrive_batch", faults.REDRIVE_AFTER_TMP_WRITE, State.FAILED, State.FAILED, 12),
+    Case(
+        "redrive_batch",
+        faults.REDRIVE_AFTER_NEW_WRITTEN,
+        State.FAILED,
+        State.FAILED,
+        12,
+        crashed=(State.NEW, State.FAILED),
+    ),
+    Case("redrive_batch", faults.REDRIVE_AFTER_UNLINK, State.FAILED, State.NEW, 12),
 ]
+BATCHES = ("deliver_batch", "redrive_batch")
 
 
 def test_every_fault_point_has_a_crash_case() -> None:
@@ -177,7 +194,7 @@ def test_a_crash_at_each_step_recovers_to_exactly_one_complete_state(
         message_id = new_id()
         dead = case.op == "deliver_failed" or (case.op == "deliver_batch" and index == 0)
         messages.append((message_id, envelope(message_id, dead=dead)))
-        owner[message_id] = boxes[index % 3] if case.op == "deliver_batch" else boxes[0]
+        owner[message_id] = boxes[index % 3] if case.op in BATCHES else boxes[0]
     for message_id, data in messages:
         prepare(owner[message_id], message_id, data, case.before)
 
@@ -189,6 +206,9 @@ def test_a_crash_at_each_step_recovers_to_exactly_one_complete_state(
     }
     child = run_child(case.fault, args)
     assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+    if case.crashed is not None:
+        for message_id, _ in messages:
+            assert tuple(states_on_disk(owner[message_id], message_id)) == case.crashed
 
     # Then recovery leaves one complete copy per message, in the promised state
     for box in boxes:

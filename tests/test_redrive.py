@@ -166,34 +166,40 @@ def test_relay_dlq_requeue_puts_a_dead_letter_back_from_the_command_line(broker:
 def test_a_writer_killed_while_requeueing_leaves_one_copy_handed_out_once(
     broker: Broker, fault: str, state: str
 ):
-    # Given a dead letter, and its shard's writer armed to die in the middle of a requeue
+    # Given dead letters, and their shard's writer armed to die in the middle of a requeue
     client = broker.client(timeout=30)
     info = client.register_endpoint(A)
-    (message_id,) = nacked(client, A)
+    ids = nacked(client, A, 3)
     writer = f"writer{shard_of(info.hash, broker.shards)}"
     broker.kill(writer, signal.SIGTERM)
     broker.start_writer(int(writer[-1]), env={"RELAY_FAULT": fault})
     broker.wait_ready()
 
-    # When the requeue kills it (the request is answered unavailable) and it restarts
+    # When the requeue of all three (one batch: each step done for all) kills it (the
+    # request is answered unavailable) and it restarts
     with pytest.raises(Unavailable):
-        client.requeue_dead_letters(message_id=message_id)
+        client.requeue_dead_letters(info.hash)
     assert broker.procs[writer].wait(10) == -signal.SIGKILL
     broker.start_writer(int(writer[-1]))
     broker.wait_ready()
 
-    # Then one copy is left: the dead letter when new/ and failed/ both held it (the
-    # requeue undone), else the waiting message; the index agrees with the disk
-    assert [c["state"] for c in client.trace(message_id)["copies"]] == [state]
+    # Then each has one copy left, all in the same state: the dead letter when new/ and
+    # failed/ both held it (the requeue undone), else the waiting message; the index
+    # agrees with the disk
+    for message_id in ids:
+        assert [c["state"] for c in client.trace(message_id)["copies"]] == [state]
     if state == "failed":
-        client.requeue_dead_letters(message_id=message_id)  # the request, made again
-    # and a consumer gets it once
-    (message,) = client.fetch(A, batch=10, wait=5)
-    assert message.id == message_id
-    message.ack()
+        client.requeue_dead_letters(info.hash)  # the request, made again
+    # and a consumer gets each once
+    handed = client.fetch(A, batch=10, wait=5)
+    while len(handed) < len(ids):
+        handed += client.fetch(A, batch=10, wait=5)
+    assert sorted(m.id for m in handed) == sorted(ids)
+    for message in handed:
+        message.ack()
     assert client.fetch(A, batch=10) == []
     assert client.dead_letters(info.hash) == []
-    assert client.trace(message_id)["copies"][0]["state"] == "done"
+    assert {client.trace(i)["copies"][0]["state"] for i in ids} == {"done"}
 
 
 def _two_shard_job(jobs: WriterJobs) -> tuple[int, Job, list[str]]:

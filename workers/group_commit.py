@@ -31,18 +31,9 @@ from sdk.errors import InvalidMessage, StorageError
 from sdk.ids import is_id
 from workers.faults import AFTER_DIR_SYNC, AFTER_RENAME, AFTER_SYNC, AFTER_TMP_WRITE, fault_point
 from workers.filenames import format_name
-from workers.fsio import (
-    FILE_MODE,
-    OPEN_DIR,
-    OPEN_NEW,
-    fsync_dir,
-    mtime_ms,
-    storage_error,
-    unlink_quiet,
-    write_all,
-)
+from workers.flush import Written, sync_dirs
+from workers.fsio import FILE_MODE, OPEN_NEW, mtime_ms, storage_error, unlink_quiet, write_all
 from workers.maildir import Mailbox
-from workers.syncfs import syncfs
 
 Target = Literal["new", "cur", "failed"]  # cur: stored already claimed
 
@@ -53,12 +44,9 @@ def deliver_batch(
     """Store many messages with one flush: per item its stored_at (ms) or the error
     (StorageError; InvalidMessage for an id that is not a ULID).
 
-    Why syncfs (docs/design.md, "The disk, measured"): fsyncing 100 files one by one does not
-    merge the flushes (≈ 5,900 msg/s, the same as one at a time) while one syncfs for
-    the batch does (≈ 16,000 msg/s raw). The renames are made durable by one fsync per
-    target directory (a rename is durable only once its directory is fsynced, ≈ 110 µs
-    each), or by a second syncfs when the batch touches more than `_DIRS_PER_SYNCFS`
-    directories. bench/bench_storage.py ("maildir batch delivery") guards these figures.
+    The files are flushed with one syncfs (workers/flush.py says why), the renames
+    made durable by one fsync per target directory, or by a second syncfs when the
+    batch touches more directories than `workers.flush.DIRS_PER_SYNCFS`.
 
     One item's failure (ENOSPC, EDQUOT, EIO, EACCES, a removed mailbox) does not fail
     the others, and leaves no tmp file behind.
@@ -67,8 +55,7 @@ def deliver_batch(
     pid = os.getpid()
     # index -> (mailbox, id, tmp path, target dir, stored_at, st_dev)
     written: list[tuple[int, Mailbox, str, str, str, int, int]] = []
-    flush_fd: dict[int, int] = {}  # st_dev -> an open fd on it (the first file written)
-    on_dev: dict[int, int] = {}  # st_dev -> how many files
+    files = Written()
 
     for _, _, _, target in items:
         if target not in ("new", "cur", "failed"):
@@ -90,10 +77,7 @@ def deliver_batch(
             write_all(fd, data)
             st = os.fstat(fd)
             dev = st.st_dev
-            on_dev[dev] = on_dev.get(dev, 0) + 1
-            if dev not in flush_fd:
-                flush_fd[dev] = fd
-                keep = True
+            keep = files.add(fd, dev)
         except OSError as exc:
             unlink_quiet(tmp)
             results[i] = _delivery_error(mailbox, message_id, exc)
@@ -104,19 +88,7 @@ def deliver_batch(
         written.append((i, mailbox, message_id, tmp, target_dir, mtime_ms(st), dev))
     fault_point(AFTER_TMP_WRITE)
 
-    failed_dev: dict[int, OSError] = {}
-    for dev, fd in flush_fd.items():
-        try:
-            # One file on this filesystem: fsync it alone rather than flush everything
-            # else that happens to be dirty there (the index WAL, other programs).
-            if on_dev[dev] == 1:
-                os.fsync(fd)
-            else:
-                syncfs(fd)
-        except OSError as exc:
-            failed_dev[dev] = exc
-        finally:
-            os.close(fd)
+    failed_dev = files.flush()
     fault_point(AFTER_SYNC)
 
     renamed = []  # (index, mailbox, id, target dir, name in it, stored_at, st_dev)
@@ -137,7 +109,7 @@ def deliver_batch(
         renamed.append((i, mailbox, message_id, target_dir, name, stored_at, dev))
     fault_point(AFTER_RENAME)
 
-    dir_error = _sync_dirs({entry[3]: entry[6] for entry in renamed})
+    dir_error = sync_dirs({entry[3]: entry[6] for entry in renamed})
     fault_point(AFTER_DIR_SYNC)
 
     for i, mailbox, message_id, target_dir, name, stored_at, _ in renamed:
@@ -155,39 +127,3 @@ def deliver_batch(
 def _delivery_error(mailbox: Mailbox, message_id: str, exc: OSError) -> StorageError:
     # Built only on failure: deliver_batch's loops run once per message.
     return storage_error(f"deliver {message_id} to {mailbox.endpoint}", exc)
-
-
-# Above this many directories on one filesystem, one syncfs makes the renames durable
-# for less than a directory fsync each (bench_broker "publish, 100 in flight, 8
-# endpoints": a batch touching 4 mailboxes spent as long in 4 dir fsyncs as in syncfs).
-_DIRS_PER_SYNCFS = 2
-
-
-def _sync_dirs(dirs: dict[str, int]) -> dict[str, OSError | None]:
-    """Make the renames into each directory durable: {dir: error or None}.
-
-    ``dirs`` maps each directory to its filesystem (st_dev).
-    """
-    errors: dict[str, OSError | None] = {}
-    by_dev: dict[int, list[str]] = {}
-    for directory, dev in dirs.items():
-        by_dev.setdefault(dev, []).append(directory)
-    for directories in by_dev.values():
-        if len(directories) > _DIRS_PER_SYNCFS:
-            try:
-                fd = os.open(directories[0], OPEN_DIR)
-                try:
-                    syncfs(fd)
-                finally:
-                    os.close(fd)
-                errors.update(dict.fromkeys(directories))
-                continue
-            except OSError:
-                pass  # fall back to one fsync per directory, which names the culprit
-        for directory in directories:
-            try:
-                fsync_dir(directory)
-                errors[directory] = None
-            except OSError as exc:
-                errors[directory] = exc
-    return errors

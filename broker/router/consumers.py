@@ -279,14 +279,18 @@ class Consumers:
             self._released.append(Released(*key, deliveries, "orphan"))
         return count + len(due)
 
-    def add_orphans(self, claims: list[tuple[str, str, int]], now_ms: int) -> None:
-        """Claims found in cur/ that no session holds: their holder has one session
-        timeout to come back and say so."""
+    def add_orphans(self, claims: list[tuple[str, str, int]], now_ms: int) -> int:
+        """Claims found in cur/: those no session holds (none named them since the
+        restart) are orphans, whose holder has one session timeout to come back and say
+        so. Returns how many became orphans now."""
         deadline = now_ms + self.session_timeout_ms
+        added = 0
         for message_id, endpoint, deliveries in claims:
             key = (message_id, endpoint)
             if key not in self.orphans and self.holder_of(*key) is None:
                 self.orphans[key] = (deliveries, deadline)
+                added += 1
+        return added
 
     def fetches_to_answer(self, now_ms: int) -> list[Subscription]:
         """The fetches to answer now: every claim made for them is answered and they

@@ -183,15 +183,23 @@ def writer_up(ctx: Context, shard: int) -> list[list[bytes]]:
 def _adopt_orphans(ctx: Context, shard: int) -> None:
     """Claims in the shard's cur/ that nobody holds as far as the router knows (it
     restarted since they were handed out): their holders have one session timeout to
-    come back and say so (`resume`), then they are handed out again."""
+    come back and say so (`resume`), then they are handed out again. Those a session
+    named already (its client said hello before this writer) are its, not orphans,
+    and not counted in the log line."""
     unknown = [
         claim
         for claim in ctx.indexes.claimed_on(shard)
         if not ctx.ledger.holds_claim(claim[0], claim[1])
     ]
-    if unknown:
-        ctx.consumers.add_orphans(unknown, now_ms())
-        log.info("shard %d: %d claims held by nobody known; waiting for them", shard, len(unknown))
+    orphans = ctx.consumers.add_orphans(unknown, now_ms()) if unknown else 0
+    if orphans:
+        log.info(
+            "shard %d: %d claims in cur/ that no session named; handed out again unless "
+            "their holders name them within %d ms",
+            shard,
+            orphans,
+            ctx.consumers.session_timeout_ms,
+        )
 
 
 def sweep(ctx: Context, now: int) -> None:

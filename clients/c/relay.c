@@ -39,6 +39,7 @@ static const char *const CODE_NAMES[] = {
     [RELAY_E_INTERNAL] = "internal",
     [RELAY_E_SENDER_NOT_ALLOWED] = "sender_not_allowed",
     [RELAY_E_NOT_AUTHORIZED] = "not_authorized",
+    [RELAY_E_TTL_EXPIRED] = "ttl_expired",
     [RELAY_E_OTHER] = "other",
 };
 

@@ -56,6 +56,7 @@ typedef enum {
     RELAY_E_INTERNAL,
     RELAY_E_SENDER_NOT_ALLOWED,
     RELAY_E_NOT_AUTHORIZED,
+    RELAY_E_TTL_EXPIRED, /* a requeue refused past its TTL: a refinement of INVALID_STATE */
     RELAY_E_OTHER /* a code this client does not know: relay_error.name has it */
 } relay_code;
 

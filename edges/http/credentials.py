@@ -1,12 +1,12 @@
 """Who is asking without a token: the uid behind a loopback connection (bearer tokens
 are edges/tokens.py). Pure except `connection_owner` and `read_socket_tables`.
 
-With no token configured, a request without one is served only when it comes
-over loopback from the data directory's owner: the kernel names the uid that owns the
-client's end of the connection. It is asked with one sock_diag netlink request for
-that exact socket (about 25 us; what `ss` uses), else read from /proc/net/tcp and tcp6
-(about 17 ms a read on this machine: bench/bench_http.py fell to 82 publishes/s with it
-on every request).
+With no token configured (edges/tokens.py, `AuthFile.admit`), a request without one is
+served only when it comes over loopback from the data directory's owner: the kernel
+names the uid that owns the client's end of the connection. It is asked with one
+sock_diag netlink request for that exact socket (about 25 us; what `ss` uses), else
+read from /proc/net/tcp and tcp6 (about 17 ms a read on this machine:
+bench/bench_http.py fell to 82 publishes/s with it on every request).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from edges.held import DEFAULT_ACK_WAIT_S, HeldMessages
 from edges.http.credentials import connection_owner, is_loopback
 from edges.http.errors import unauthenticated
 from edges.http.sse import HUB_LINGER_S, ObserverHub
-from edges.tokens import AuthFile, bearer_token, now_ms
+from edges.tokens import AuthFile, TokenRefused, bearer_token, now_ms
 from sdk.aio import AsyncClient, AsyncMessage
 from sdk.client import connect
 from sdk.errors import EndpointNotFound, InvalidState
@@ -85,6 +85,7 @@ class Gateway:
         self.server_key = server_key
         self.timeout = timeout
         self.auth = AuthFile(home.auth_file, home.owner_uid)
+        self.auth.refresh()  # started with tokens listed: it serves by token from the first request
         self._sessions: dict[str, IdentityConnection] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
 
@@ -94,19 +95,12 @@ class Gateway:
         self, authorization: str | None, peer: Peer, token: str | None = None
     ) -> Principal:
         """Whom this request acts for; `HttpError` 401 when nobody."""
-        book = self.auth.refresh()
-        if self.auth.refused is not None:
-            raise unauthenticated(f"auth.json is refused, so nobody is served: {self.auth.refused}")
-        token = bearer_token(authorization) or token
-        if token is not None:
-            bearer = book.verify(token, now_ms())
-            if bearer is None:
-                raise unauthenticated("unknown, expired or revoked bearer token")
+        try:
+            bearer = self.auth.admit(bearer_token(authorization) or token, now_ms())
+        except TokenRefused as refused:
+            raise unauthenticated(str(refused)) from None
+        if bearer is not None:
             return Principal(bearer.name, bearer.user)
-        if book.configured:
-            raise unauthenticated(
-                "a bearer token is needed (Authorization: Bearer <token>): auth.json lists tokens"
-            )
         if not self._owner_on_loopback(peer):
             raise unauthenticated(
                 "without tokens in auth.json, only the data directory's owner may use the "

@@ -35,7 +35,7 @@ static void test_codes(void) {
                            "limit_exceeded", "endpoint_not_found", "message_not_found",
                            "already_claimed", "invalid_state", "access_denied", "invalid_config",
                            "storage_error", "unavailable", "timeout", "internal",
-                           "sender_not_allowed", "not_authorized"};
+                           "sender_not_allowed", "not_authorized", "ttl_expired"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         relay_code code = relay_code_from_name(names[i]);
         CHECK(code != RELAY_E_OTHER && code != RELAY_OK, "no code for %s", names[i]);
@@ -83,6 +83,71 @@ static void test_no_broker(void) {
     CHECK(strstr(err.message, "broker unavailable at ipc:///tmp/relay-c-nobody-") != NULL &&
               strstr(err.message, "no answer within 0.3 s") != NULL,
           "message: %s", err.message); /* it names the deadline that fired: no stopwatch */
+}
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void pack_str(msgpack_packer *pk, const char *text) {
+    msgpack_pack_str(pk, strlen(text));
+    msgpack_pack_str_body(pk, text, strlen(text));
+}
+
+/* A dead letter past its TTL: its requeue is refused with RELAY_E_TTL_EXPIRED (a
+   refinement of invalid_state), not the "other" code. */
+static void test_requeue_past_its_ttl(relay_client *client, const char *subject) {
+    relay_error err;
+    int64_t ttl = now_ms() + 2000;
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    pack_str(&pk, "subject");
+    pack_str(&pk, subject);
+    pack_str(&pk, "from");
+    pack_str(&pk, "relay.c.sender");
+    pack_str(&pk, "payload");
+    pack_str(&pk, "short-lived");
+    pack_str(&pk, "budget");
+    msgpack_pack_map(&pk, 5);
+    pack_str(&pk, "hopCount");
+    msgpack_pack_int(&pk, 0);
+    pack_str(&pk, "maxHops");
+    msgpack_pack_int(&pk, 5);
+    pack_str(&pk, "ancestorChain");
+    msgpack_pack_array(&pk, 0);
+    pack_str(&pk, "ttl");
+    msgpack_pack_int64(&pk, ttl);
+    pack_str(&pk, "callBudgetRemaining");
+    msgpack_pack_int(&pk, 10);
+    relay_reply published;
+    int rc = relay_request(client, "publish", sb.data, sb.size, 4, &published, &err);
+    msgpack_sbuffer_destroy(&sb);
+    CHECK(rc == 0, "publish with a short TTL: %s", err.message);
+    if (rc != 0) return;
+    relay_reply_destroy(&published);
+
+    uint64_t sub;
+    relay_message m;
+    CHECK(relay_subscribe(client, subject, 0, &sub, &err) == 0, "subscribe: %s", err.message);
+    CHECK(relay_next(client, 5000, &m, &err) == 1, "the short-lived message");
+    CHECK(relay_nack(client, &m, "too late", &err) == 0, "nack: %s", err.message);
+    CHECK(relay_unsubscribe(client, sub, &err) == 0, "unsubscribe");
+    relay_message dummy;
+    while (now_ms() <= ttl + 50) relay_next(client, 100, &dummy, &err); /* the TTL passes */
+
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    pack_str(&pk, "id");
+    pack_str(&pk, m.id);
+    rc = relay_request(client, "requeue_dead_letters", sb.data, sb.size, 1, NULL, &err);
+    msgpack_sbuffer_destroy(&sb);
+    CHECK(rc < 0 && err.code == RELAY_E_TTL_EXPIRED && strcmp(err.name, "ttl_expired") == 0,
+          "requeue past its TTL: %s (%d) %s", err.name, err.code, err.message);
+    relay_message_destroy(&m);
 }
 
 static void test_broker(const char *address) {
@@ -184,6 +249,7 @@ static void test_broker(const char *address) {
     relay_message_destroy(&m3);
     CHECK(relay_unsubscribe(client, sub, &err) == 0, "unsubscribe by the first id");
     CHECK(relay_unsubscribe(client, sub, &err) < 0 && err.code == RELAY_E_INVALID_STATE, "unsubscribe twice");
+    test_requeue_past_its_ttl(client, subject);
     relay_close(client);
 }
 

@@ -62,6 +62,10 @@ function routerAddress(home) {
  *   certificate (default $RELAY_KEY_FILE); see docs/security.md
  * @param {string} [options.serverKey] tcp:// only: the broker's public key, as Z85 text
  *   or the path of its `server.key` (default $RELAY_SERVER_KEY)
+ * @param {string} [options.actingFor] the user id (`key:<z85>`) of the identity every
+ *   request of this client acts for (its `actingFor`): the router judges them by that
+ *   identity's rights; this connection's identity needs the delegation right
+ *   (docs/protocol.md, "Acting for an identity")
  * @returns {Promise<Client>} rejects with UnavailableError when no broker answers in time
  */
 async function connect(options = {}) {
@@ -103,8 +107,11 @@ function curveOptions(address, keyFile, serverKey) {
 
 class Client {
   /** Use `connect()`, which also says hello. */
-  constructor(address, { timeout = DEFAULT_TIMEOUT_MS, from, keyFile, serverKey, name } = {}) {
+  constructor(address, { timeout = DEFAULT_TIMEOUT_MS, from, keyFile, serverKey, name, actingFor } = {}) {
     this.address = address;
+    /** The user id every request acts for (`actingFor`), or null: this connection's own. */
+    this.actingFor = actingFor || null;
+    this._acting = this.actingFor ? { actingFor: this.actingFor } : {};
     /** This client's name in the broker's logs (hello's `client`). */
     this.name = name || `relay-node/${process.pid}`;
     /** CURVE socket options on tcp:// (both sockets), {} elsewhere. */
@@ -185,7 +192,7 @@ class Client {
       subscription.id = reply.result.sub;
       if (subscription._unsubscribing || subscription._ended) {
         // Renewed while it was being stopped: stop the new one too.
-        this._send(wire.encodeRequest("unsubscribe", 0, { sub: subscription.id })).catch(() => {});
+        this._send(wire.encodeRequest("unsubscribe", 0, { ...this._acting, sub: subscription.id })).catch(() => {});
       } else {
         this._subs.set(subscription.id, subscription);
         this._updateHeartbeat();
@@ -296,7 +303,8 @@ class Client {
 
   /**
    * Send one protocol request (any operation of docs/protocol.md); resolves with its
-   * `result`, rejects with the typed error.
+   * `result`, rejects with the typed error. It carries the client's `actingFor`, unless
+   * `fields` names another.
    * @param {string} op @param {Record<string, unknown>} [fields]
    * @param {{timeout?: number}} [options]
    */
@@ -313,7 +321,7 @@ class Client {
         );
       }, limit);
       this._pending.set(rid, { resolve, reject, timer, subscription });
-      this._send(wire.encodeRequest(op, rid, fields)).catch((err) => {
+      this._send(wire.encodeRequest(op, rid, { ...this._acting, ...fields })).catch((err) => {
         if (this._pending.delete(rid)) {
           clearTimeout(timer);
           reject(new UnavailableError(`could not send '${op}': ${err.message}`));
@@ -572,7 +580,7 @@ class Client {
       return;
     }
     if (this.closed) throw new UnavailableError("client is closed");
-    const request = wire.encodeRequest("signal", 0, { subject, signal: body, from, reply: false });
+    const request = wire.encodeRequest("signal", 0, { ...this._acting, subject, signal: body, from, reply: false });
     try {
       await this._send(request);
     } catch (err) {
@@ -644,6 +652,21 @@ class Client {
   /** Dead letters, optionally of one endpoint (hash, subject or "_unroutable"). */
   async deadLetters({ endpoint, limit } = {}) {
     return (await this.sendRequest("dead_letters", { endpoint, limit })).items;
+  }
+
+  /**
+   * Operators: put dead letters back in their endpoints' new/ under their own ids, to be
+   * handed out again (deliveries counted afresh). With `id`: that message's (in
+   * `endpoint` if given); when its one dead letter may not be requeued, rejects with the
+   * refusal (`TtlExpiredError` past its TTL, `InvalidStateError`, ...). Else up to
+   * `limit` (1-200, default 100) of one endpoint's (hash or subject), oldest first, after
+   * the id `after`. Resolves to `{requeued: [{id, endpoint}], refused: [{id, endpoint,
+   * code, message}], more, after}`: with `more`, pass `after` to go on
+   * (docs/protocol.md, "requeue_dead_letters").
+   * @param {{id?: string, endpoint?: string, limit?: number, after?: string}} [options]
+   */
+  async requeueDeadLetters({ id, endpoint, limit, after } = {}) {
+    return this.sendRequest("requeue_dead_letters", { id, endpoint, limit, after });
   }
 
   /** Delete dead letters (of one endpoint, or all); resolves to how many. */

@@ -104,6 +104,38 @@ test("nack makes a dead letter with code nack; dead letters can be listed and pu
     assert.deepEqual(await client.deadLetters({ endpoint: info.hash }), []);
   }));
 
+test("requeueDeadLetters() puts dead letters back under their ids; past its TTL one is refused", () =>
+  withClient(async (client) => {
+    const subject = `relay.node.${unique()}.backend`;
+    const info = await client.register(subject);
+    const from = "relay.node.sender";
+    const ttl = Date.now() + 1500;
+    const budget = { hopCount: 0, maxHops: 5, ancestorChain: [], ttl, callBudgetRemaining: 10 };
+    const lasting = (await client.publish(subject, { n: 1 }, { from })).messageId;
+    const brief = (await client.publish(subject, { n: 2 }, { from, budget })).messageId;
+    for (const message of await client.fetch(subject, { batch: 2, wait: 5000 })) {
+      await message.nack("not now");
+    }
+    await waitFor(() => Date.now() > ttl + 50, { what: "the short TTL to pass" });
+
+    // Given one id past its TTL: its refusal is the typed error, and it stays.
+    await assert.rejects(client.requeueDeadLetters({ id: brief }), (err) => {
+      assert.ok(err instanceof relay.TtlExpiredError && err instanceof relay.InvalidStateError);
+      assert.equal(err.code, "ttl_expired");
+      return true;
+    });
+    // A page of the endpoint's: one back, one refused with its code, none left after.
+    const page = await client.requeueDeadLetters({ endpoint: info.hash, limit: 10 });
+    assert.deepEqual(page.requeued, [{ id: lasting, endpoint: info.hash }]);
+    assert.deepEqual(page.refused.map((r) => [r.id, r.code]), [[brief, "ttl_expired"]]);
+    assert.equal(page.more, false);
+    assert.deepEqual((await client.deadLetters({ endpoint: info.hash })).map((d) => d.id), [brief]);
+    const [again] = await client.fetch(subject, { wait: 5000 });
+    assert.equal(again.id, lasting);
+    assert.equal(again.deliveries, 1);
+    await again.ack();
+  }));
+
 test("consume(): a handler that returns acks, one that throws nacks", () =>
   withClient(async (client) => {
     const subject = `relay.node.${unique()}.worker`;
