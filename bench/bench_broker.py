@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bench.common import Figures, Row, base_dir, fs_type, interleave_figures, remove_when_done
-from bench.comparisons import COMPARISONS, contenders_named, table
+from bench.comparisons import COMPARISONS, Comparison, contenders_named, table
 from bench.floors import RawDisk, RawPipeline, RawZmq
 from bench.pull_and_ask import PullAndAsk
 from bench.relay_broker import RelayBroker
@@ -40,7 +40,10 @@ from bench.workload import FETCH_BATCH, FETCH_BIG_BATCH, SHARD_COUNTS
 RSS = "rss"
 
 
-def rows(rounds: int = 3) -> list[Row]:
+def rows(rounds: int = 3, comparisons: list[Comparison] = COMPARISONS) -> list[Row]:
+    """The table's ``comparisons`` (all its rows by default), measured over ``rounds``
+    interleaved rounds: only the workloads those rows read are run."""
+    needed = contenders_named(comparisons)
     base = base_dir()
     brokers: dict[int, RelayBroker] = {}
     raw_zmq: RawZmq | None = None
@@ -56,10 +59,10 @@ def rows(rounds: int = 3) -> list[Row]:
         biggest = brokers[max(SHARD_COUNTS)]
         pull = PullAndAsk(biggest)
         run = _contenders(disk, raw_zmq, pipeline, brokers, signals, pull)
-        missing = contenders_named(COMPARISONS) - run.keys() - {RSS}
+        missing = needed - run.keys() - {RSS}
         if missing:  # before the long run, not after it
             raise RuntimeError(f"the table reads contenders nobody runs: {sorted(missing)}")
-        measured = interleave_figures(rounds, run)
+        measured = interleave_figures(rounds, {k: v for k, v in run.items() if k in needed})
         measured[RSS] = {"start": biggest.rss_start, "after": biggest.rss()}
     finally:
         for broker in brokers.values():
@@ -69,7 +72,7 @@ def rows(rounds: int = 3) -> list[Row]:
         if pipeline is not None:
             pipeline.close()
         remove_when_done(base)
-    return table(COMPARISONS, measured, fs_type(str(base.parent)))
+    return table(comparisons, measured, fs_type(str(base.parent)))
 
 
 def _contenders(

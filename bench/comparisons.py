@@ -163,6 +163,7 @@ PUBLISH_1_P50_GOAL = at_most_times(1.4, "(e) p50")
 PUBLISH_100_GOAL = at_least_times(0.75, "(e)")
 HANDLER_P50_GOAL = at_most_times(1.6, "(e) p50")
 ROUTER_CPU_GOAL = at_most(40, "40 us")
+ISSUE_27_GOALS = (PUBLISH_1_P50_GOAL, PUBLISH_100_GOAL, HANDLER_P50_GOAL, ROUTER_CPU_GOAL)
 
 
 def _shards(k: int) -> str:
@@ -361,6 +362,11 @@ COMPARISONS: list[Comparison] = [
     *_pull_and_ask(),
     *(row for k in SHARD_COUNTS for row in _signals(k)),
 ]
+
+
+def goal_rows() -> list[Comparison]:
+    """The rows that carry a goal of issue 27 (bench/goals.py measures only these)."""
+    return [c for c in COMPARISONS if any(c.goal is goal for goal in ISSUE_27_GOALS)]
 
 
 def contenders_named(comparisons: list[Comparison]) -> set[str]:

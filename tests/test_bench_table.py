@@ -13,13 +13,16 @@ import pytest
 from bench.bench_broker import RSS, _contenders
 from bench.comparisons import (
     COMPARISONS,
+    ISSUE_27_GOALS,
     Comparison,
     Figure,
     Floor,
     at_least_share,
     contenders_named,
+    goal_rows,
     table,
 )
+from bench.goals import summary
 from bench.workload import SHARD_COUNTS
 
 
@@ -110,3 +113,24 @@ def test_lost_messages_are_named_in_the_metric_and_past_the_allowance_fail_the_g
     past = row.row({"relay": {"rate": 60.0, "lost": 11.0}, "floor": {"rate": 100.0}}, "")
     assert (within.metric, within.met) == ("signals, 10 lost", True)
     assert (past.metric, past.met) == ("signals, 11 lost", False)
+
+
+def test_the_goals_run_reads_every_goal_of_issue_27_and_only_those_rows() -> None:
+    rows = goal_rows()
+    assert {id(c.goal) for c in rows} == {id(goal) for goal in ISSUE_27_GOALS}
+    assert len(rows) < len(COMPARISONS)
+    assert contenders_named(rows) <= _round().keys()
+
+
+def test_two_trees_are_judged_on_the_median_of_their_runs() -> None:
+    rows = goal_rows()
+
+    # Per run: every row at ratio r (Relay r, floor 1) and, without a floor, at figure 40 r.
+    def run(r: float) -> list[dict[str, Any]]:
+        return [{"relay": r if c.floor else 40 * r, "ratio": r if c.floor else None} for c in rows]
+
+    runs = {"old": [run(2.0), run(2.0), run(0.1)], "new": [run(0.5), run(0.5), run(9.0)]}
+    lines = summary(runs).splitlines()
+    (p50_old, p50_new) = lines[1:3]  # the first row: publish 1 in flight p50, <= 1.4x (e)
+    assert "ratio 2.00x [0.10-2.00]" in p50_old
+    assert p50_old.endswith(": NO") and p50_new.endswith(": yes")
