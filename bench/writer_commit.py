@@ -1,7 +1,7 @@
 """The writers' wall time per group commit, beside floor (e)'s writer, in the same minutes.
 
-``python -m bench.writer_commit [--blocks N] [--batch B] [--no-index] [--tmpfile]`` starts two
-processes, as the broker's two shards. Each holds a real `Writer` (workers/writer.py,
+``python -m bench.writer_commit [--blocks N] [--batch B] [--no-index] [--tmpfile]``
+starts two processes, as the broker's two shards. Each holds a real `Writer` (workers/writer.py,
 in a home of its own, with no router: a commit's deliveries are handed to its
 ``_process`` as the router's ``deliver`` frame, and its ``stored`` answer is read back
 from its results socket) and the steps of floor (e)'s writer (bench/floors.py
@@ -15,10 +15,10 @@ other as the two writers of a broker do, and a slow minute of the disk hits ever
 contender alike. The first commit of a block is not counted: it flushes what the
 contender before it left dirty. ``--no-index`` adds a Writer whose index transaction
 is left out (its ``write`` does nothing): what the index costs a commit, not something
-Relay may do. ``--tmpfile`` adds (e)'s steps with
-each file opened unnamed (``O_TMPFILE``) in its target directory and linked there
-(``linkat``) instead of created in ``tmp/`` and renamed: a candidate, not what Relay
-does (docs/performance.md, "The writers' wall time per group commit").
+Relay could ship. ``--tmpfile`` adds (e)'s steps with each file opened unnamed
+(``O_TMPFILE``) in its target directory and linked there (``linkat``) instead of
+created in ``tmp/`` and renamed: a candidate, not what Relay does
+(docs/performance.md, "The writers' wall time per group commit").
 
 Prints, per contender, the median, quartiles and mean wall time of a commit (ms), and
 the floor's time creating files. No router, SDK or client runs: the figure is the
