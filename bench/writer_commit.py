@@ -30,14 +30,13 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import shutil
 import statistics
 import time
 from collections.abc import Callable
 from multiprocessing.synchronize import Barrier
 from typing import Any
 
-from bench.common import base_dir
+from bench.common import base_dir, remove_when_done
 from bench.workload import SENDER, envelope
 
 PER_BLOCK = 16  # commits per block, the first not counted
@@ -206,7 +205,7 @@ def main() -> None:
             proc.join(10)
             if proc.is_alive():
                 proc.kill()
-        shutil.rmtree(root, ignore_errors=True)
+        remove_when_done(root)
 
 
 if __name__ == "__main__":
