@@ -311,6 +311,8 @@ class Consumers:
         """The competing consumer with credit and the fewest messages in hand. A reply
         inbox's messages go only to consumers that name an inbox, never to a wildcard
         that happens to match it (sdk/subjects.py, `reply_inbox`)."""
+        if not self._consumers:  # nobody consumes: every stored copy of a publish asks
+            return None
         candidates = [self.subs[i] for i in self._consumers.match(subject)]
         inbox = subject.startswith(INBOX_DOT)
         candidates = [

@@ -46,6 +46,7 @@ Push = Show | HandOut
 
 def stored(ctx: Context, rows: list[proto.Stored], now: int) -> list[Push]:
     pushes: list[Push] = []
+    observed = ctx.consumers.observing  # once a frame: usually nobody, and no Show built
     for row in rows:
         job = ctx.jobs.pending.get(row.token)
         copy = job.copies.get(row.endpoint) if job is not None else None
@@ -58,11 +59,13 @@ def stored(ctx: Context, rows: list[proto.Stored], now: int) -> list[Push]:
             ctx.ledger.stored_late(row.id, row.endpoint, claimed=row.target == proto.TARGET_CUR)
         elif row.target == proto.TARGET_CUR:
             sub_id = ctx.ledger.copy_settled(row.id, row.endpoint)
-            pushes.append(Show(row.id, row.endpoint, copy.data))
+            if observed:
+                pushes.append(Show(row.id, row.endpoint, copy.data))
             pushes.append(HandOut(sub_id, row.id, row.endpoint, copy.data))
         elif copy.dead is None:
             ctx.ledger.copy_settled(row.id, row.endpoint)
-            pushes.append(Show(row.id, row.endpoint, copy.data))
+            if observed:
+                pushes.append(Show(row.id, row.endpoint, copy.data))
             ctx.ledger.stored_new(row.id, row.endpoint)
         if late:
             continue
