@@ -24,7 +24,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from json.encoder import c_make_encoder, encode_basestring, encode_basestring_ascii
+from json.encoder import (  # type: ignore[attr-defined]  # not in typeshed
+    c_make_encoder,
+    encode_basestring,
+    encode_basestring_ascii,
+)
 from typing import Any, NamedTuple
 
 from broker.budget import check_budget
@@ -163,12 +167,13 @@ def plan_publish(
 ) -> PublishPlan:
     """Decide, for each target endpoint, a delivery, a dead letter or a refusal."""
     if not targets:
-        dead = DeadLetterInfo(NO_MATCH_REASON, "no_match", now_ms, UNROUTABLE)
-        data = encode_copy(request, request.subject, payload_json, dead)
-        return PublishPlan((Copy(UNROUTABLE, request.subject, data, dead),))
+        unroutable = DeadLetterInfo(NO_MATCH_REASON, "no_match", now_ms, UNROUTABLE)
+        data = encode_copy(request, request.subject, payload_json, unroutable)
+        return PublishPlan((Copy(UNROUTABLE, request.subject, data, unroutable),))
     copies = []
     for target in targets:
-        dead, probe = None, False
+        dead: DeadLetterInfo | None = None
+        probe = False
         decision = rules.decide(request.sender, target.subject)
         if not decision.allowed:
             rule = decision.rule
