@@ -14,8 +14,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The router's hot units compiled with mypyc into build/compiled/ (sdk/compiled.py,
-# build_units.py; docs/performance.md "mypyc"), again whenever a source changes.
-# Without a C compiler the build fails and the pure-Python modules run.
+# build_units.py; docs/performance.md "Fewer objects per publish, and mypyc"), again
+# whenever a source changes. Without a C compiler the build fails and the pure-Python
+# modules run.
 COMPILED := build/compiled/manifest.json
 
 $(COMPILED): $(STAMP) $(wildcard sdk/*.py broker/*.py broker/router/*.py workers/*.py)
