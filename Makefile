@@ -13,10 +13,21 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,spark,edges,federation]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# The router's hot units compiled with mypyc into build/compiled/ (sdk/compiled.py,
+# build_units.py; docs/performance.md "Fewer objects per publish, and mypyc"), again
+# whenever a source changes. Without a C compiler the build fails and the pure-Python
+# modules run.
+COMPILED := build/compiled/manifest.json
+
+$(COMPILED): $(STAMP) $(wildcard sdk/*.py broker/*.py broker/router/*.py workers/*.py)
+	mkdir -p build
+	$(BIN)/python build_units.py > build/units.log 2>&1 || \
+		echo "mypyc build failed (build/units.log): the pure-Python modules run"
+
+install: $(STAMP) $(COMPILED)
 
 # HTTP=HOST:PORT: the gateway's address (the Procfile's default: 127.0.0.1:7480).
-run: $(STAMP)
+run: install
 	RELAY_HOME=$(HOME_DIR) PATH=$(CURDIR)/$(BIN):$$PATH $(if $(HTTP),RELAY_HTTP_LISTEN=$(HTTP)) \
 		$(BIN)/honcho start
 
@@ -28,9 +39,17 @@ clients:
 browser:
 	sh edges/setup-browser.sh
 
-# Lint first: a lint or type error fails `make test`, and so CI (.ci/run).
-test: lint clients browser
+# Lint first: a lint or type error fails `make test`, and so CI (.ci/run). The suite
+# runs the compiled units when they built; the compiled units' own tests run again as
+# pure Python (RELAY_PURE=1), the fallback every install without a compiler runs.
+test: lint clients browser install
 	$(BIN)/pytest -n auto --dist loadfile
+	RELAY_PURE=1 $(BIN)/pytest -n auto --dist loadfile $(PURE_TESTS)
+
+PURE_TESTS := tests/test_compiled.py tests/test_subjects.py tests/test_sublist.py \
+	tests/test_budget.py tests/test_publish_plan.py tests/test_reliability_policies.py \
+	tests/test_reliability_wiring.py tests/test_rules.py tests/test_ids.py tests/test_types.py \
+	tests/test_consumers.py tests/test_federation_units.py tests/test_broker_messaging.py
 
 # The model test of delivery for long (docs/testing.md): DURATION seconds (default 600)
 # or STEPS steps, JOBS rounds at a time; prints sequences, steps and failures at the end.
@@ -49,9 +68,9 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-bench: $(STAMP)
+bench: install
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis

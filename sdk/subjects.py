@@ -44,26 +44,25 @@ _PATTERN_RE = re.compile(rf"(?:{_TOKEN}\.){{0,{MAX_TOKENS - 1}}}(?:{_TOKEN}|>)")
 _CACHE_SIZE = 4096
 
 
-def validate(subject: str, wildcards: bool = False) -> str:
+def validate(subject: object, wildcards: bool = False) -> str:
     """Return ``subject`` if it is valid, else raise `InvalidSubject` saying what and where.
 
     With ``wildcards=False`` (a publish target, an endpoint) the subject must be concrete;
     with ``wildcards=True`` (a subscription, a rule) ``*`` and ``>`` are allowed.
     """
     problem = _precheck(subject)
-    if problem is None:
+    if problem is None and isinstance(subject, str):  # _precheck: it is a str
         problem = _check_pattern(subject) if wildcards else _check_concrete(subject)
-    if problem is not None:
-        raise InvalidSubject(problem)
-    return subject
+        if problem is None:
+            return subject
+    raise InvalidSubject(problem or "subject must be a string")
 
 
-def is_valid(subject: str, wildcards: bool = False) -> bool:
+def is_valid(subject: object, wildcards: bool = False) -> bool:
     """Whether `validate` would accept ``subject``; never raises."""
-    problem = _precheck(subject)
-    if problem is None:
-        problem = _check_pattern(subject) if wildcards else _check_concrete(subject)
-    return problem is None
+    if _precheck(subject) is not None or not isinstance(subject, str):
+        return False
+    return (_check_pattern(subject) if wildcards else _check_concrete(subject)) is None
 
 
 def has_wildcards(subject: str) -> bool:

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from broker.budget import advance
 from broker.publish import PublishRequest, encode_copy, encode_payload, plan_publish
 from broker.rules import RuleSet
 from sdk.errors import InvalidMessage, PayloadTooLarge
@@ -119,8 +120,8 @@ json_values = st.recursive(
     chain=st.lists(st.sampled_from([B, SENDER, "relay.agent.x-y_z"]), max_size=3),
 )
 def test_spliced_file_equals_the_reference_encoding(payload, reply_to, published, parent, chain):
-    """The fast path (payload encoded once, spliced, the budget written out) against
-    Envelope.to_json."""
+    """The fast path (payload encoded once, spliced, the budget written out advanced
+    into the endpoint) against Envelope.to_json of the copy with `advance`'s budget."""
     req = PublishRequest(
         "01JDQ3ZV9R6Q4W1T3M5N7P8K2A",
         published,
@@ -131,13 +132,13 @@ def test_spliced_file_equals_the_reference_encoding(payload, reply_to, published
         payload,
         parent,
     )
-    data = encode_copy(req, A, req.budget, encode_payload(payload, 1 << 30))
+    data = encode_copy(req, A, encode_payload(payload, 1 << 30))
     reference = Envelope(
         "01JDQ3ZV9R6Q4W1T3M5N7P8K2A",
         A,
         SENDER,
         reply_to,
-        req.budget,
+        advance(req.budget, A),
         NOW,
         payload,
         None if published == A else published,

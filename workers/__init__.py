@@ -1,0 +1,6 @@
+"""The writer processes: Maildir, index, and the protocol they speak with the router."""
+
+# The compiled units, when built and current (sdk/compiled.py), before any is imported.
+from sdk.compiled import search_path
+
+__path__ = search_path(__name__, __path__)

@@ -248,7 +248,9 @@ def decode(frames: list[bytes]) -> tuple[bytes, Any, bytes | None]:
 
     For ``deliver`` use `decode_deliveries`."""
     kind = bytes(frames[0])
-    raw = unpackb(frames[1]) if len(frames) > 1 else None
+    if len(frames) < 2:
+        raise ValueError(f"a {kind!r:.20} report without its header")
+    raw = unpackb(frames[1])
     data = bytes(frames[2]) if len(frames) > 2 else None
     if kind == STORED:
         return kind, [Stored(*row) for row in raw], data

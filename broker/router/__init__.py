@@ -18,6 +18,11 @@ The package, from the socket inwards (docs/architecture.md draws it):
 - `context`: the units joined, as every operation and event sees them.
 """
 
+# The compiled units, when built and current (sdk/compiled.py), before any is imported.
+from sdk.compiled import search_path
+
+__path__ = search_path(__name__, __path__)
+
 from broker.router.jobs import WRITER_DEADLINE_MS
 from broker.router.loop import Router, main
 from broker.router.operations import ADMIN_OPS, OPERATIONS

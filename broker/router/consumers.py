@@ -160,7 +160,12 @@ class Consumers:
         many claims it holds now."""
         earlier_id = self._tokens.get(token) if token else None
         earlier = self.sessions.get(earlier_id) if earlier_id is not None else None
-        if earlier is not None and earlier is not session and earlier.user == session.user:
+        if (
+            token is not None
+            and earlier is not None
+            and earlier is not session
+            and earlier.user == session.user
+        ):
             for key, held in earlier.unacked.items():
                 held.sub = None  # its subscriptions end with the old connection
                 session.unacked[key] = held
@@ -315,6 +320,8 @@ class Consumers:
         """The competing consumer with credit and the fewest messages in hand. A reply
         inbox's messages go only to consumers that name an inbox, never to a wildcard
         that happens to match it (sdk/subjects.py, `reply_inbox`)."""
+        if not self._consumers:  # nobody consumes: every stored copy of a publish asks
+            return None
         candidates = [self.subs[i] for i in self._consumers.match(subject)]
         inbox = subject.startswith(INBOX_DOT)
         candidates = [
@@ -380,7 +387,7 @@ class Consumers:
         key = (message_id, endpoint)
         session = self.sessions.get(identity) if identity is not None else None
         held = session.unacked.get(key) if session is not None else None
-        if held is None:
+        if session is None or held is None:
             orphan = self.orphans.get(key)
             if orphan is not None and deliveries is not None and orphan[0] == deliveries:
                 del self.orphans[key]

@@ -207,7 +207,8 @@ class Ledger:
     def remove_endpoint(self, endpoint: str) -> None:
         """Unregistered: nothing more is handed out; its queue stays (its mail stays)."""
         subject = self._subjects.pop(endpoint, None)
-        self._endpoints.pop(subject, None)
+        if subject is not None:
+            self._endpoints.pop(subject, None)
         self._starved.pop(endpoint, None)
 
     # ------------------------------------------------------------------ writers
@@ -339,7 +340,7 @@ class Ledger:
             self.consumers.give_back(sub_id)
             if unchanged and before is None:
                 _in_line(queue.waiting, message_id)
-            elif unchanged:
+            elif unchanged and before is not None:
                 _in_order(queue.returned, message_id, before)
             self._dispatch(endpoint)
         return ok

@@ -51,8 +51,8 @@ def client_frame(ctx: Context, frames: list[bytes], user: str | None, send_work:
         if ctx.consumers.sessions.get(identity) is not session:
             # `bye` (or a failed send) ended the session mid-batch: what follows
             # must not run on a detached session.
-            error = InvalidState("the session ended earlier in this batch")
-            replies.add(identity, wire.error_body(request.rid, error))
+            ended = InvalidState("the session ended earlier in this batch")
+            replies.add(identity, wire.error_body(request.rid, ended))
         elif isinstance(request, wire.BadRequest):
             replies.add(identity, wire.error_body(request.rid, request.error))
         else:

@@ -104,16 +104,17 @@ def queue_writes(
         local = publish_result(ctx, message_id, plan, job.outcomes, already=already)
         return remote.remote_result(local, job, refused) if remote_parts else local
 
+    writes = plan.writes
     token, job = ctx.jobs.open(
         session.identity,
         rid,
-        len(plan.writes) + len(parts),
+        len(writes) + len(parts),
         result,
         now,  # not created_at: a relayed message may be old, its deadline is from now
     )
     ctx.jobs.publishing(token, job, message_id)
     remote.queue_remote(ctx, token, job, request, payload, parts)
-    for copy in plan.writes:
+    for copy in writes:
         shard = shard_of(copy.endpoint, ctx.shards)
         dead = copy.dead
         if dead is not None:
@@ -208,25 +209,27 @@ def publish_result(
     *,
     already: int = 0,
 ) -> dict[str, Any]:
-    delivered, rejected, details = already, [], {}
+    delivered, rejected, details, pressure = already, [], {}, {}
+    ratio, depth = ctx.reliability.pressure_ratio, ctx.ledger.depth
     for copy in plan.copies:
-        rejection = copy.rejection
-        failure = outcomes.get(copy.endpoint)
-        if rejection is None and failure is not None:
-            rejection = (copy.endpoint, *failure)
+        endpoint = copy.endpoint
+        failure = outcomes.get(endpoint)
+        if copy.dead is not None or copy.refusal is not None:
+            rejection = copy.rejection
+        else:
+            rejection = None if failure is None else (endpoint, *failure)
         if rejection is None:
             delivered += 1
         else:
             rejected.append([rejection[0], rejection[1]])
             details[rejection[0]] = rejection[2]
-    touched = [c.endpoint for c in plan.copies if c.endpoint != UNROUTABLE]
+        if endpoint != UNROUTABLE:
+            pressure[endpoint] = ratio(depth(endpoint))
     return {
         "messageId": message_id,
         "deliveredTo": delivered,
         "rejected": rejected,
-        "mailboxPressure": {
-            e: ctx.reliability.pressure_ratio(ctx.ledger.depth(e)) for e in touched
-        },
+        "mailboxPressure": pressure,
         "details": details,
     }
 

@@ -26,6 +26,8 @@ def plan_remote(
     ``back_to``: a reply's way home, the node its parent came from, which has the
     reply's subject whether or not it advertises it (ops_publish, `_reply_route`)."""
     fed = ctx.federation
+    if not fed.remote and back_to is None:  # no other node known: no remote part
+        return {}, []
     by_node = fed.targets(request.subject, ctx.directory.__contains__)
     if (
         back_to is not None

@@ -46,26 +46,31 @@ Push = Show | HandOut
 
 def stored(ctx: Context, rows: list[proto.Stored], now: int) -> list[Push]:
     pushes: list[Push] = []
+    observed = ctx.consumers.observing  # once a frame: usually nobody, and no Show built
     for row in rows:
         job = ctx.jobs.pending.get(row.token)
         copy = job.copies.get(row.endpoint) if job is not None else None
-        # Answered late: the publisher had its answer already (deadline passed, or the
-        # writer's disconnect was seen first), but the copy may be durable all the same.
-        late = copy is None or row.endpoint in job.outcomes
+        if job is None or copy is None or row.endpoint in job.outcomes:
+            # Answered late: the publisher had its answer already (deadline passed, or
+            # the writer's disconnect was seen first), but the copy may be durable all
+            # the same.
+            if row.stored_at is None:
+                ctx.ledger.store_failed(row.id, row.endpoint)
+            else:
+                ctx.ledger.stored_late(row.id, row.endpoint, claimed=row.target == proto.TARGET_CUR)
+            continue
         if row.stored_at is None:
             ctx.ledger.store_failed(row.id, row.endpoint)
-        elif late:
-            ctx.ledger.stored_late(row.id, row.endpoint, claimed=row.target == proto.TARGET_CUR)
         elif row.target == proto.TARGET_CUR:
             sub_id = ctx.ledger.copy_settled(row.id, row.endpoint)
-            pushes.append(Show(row.id, row.endpoint, copy.data))
+            if observed:
+                pushes.append(Show(row.id, row.endpoint, copy.data))
             pushes.append(HandOut(sub_id, row.id, row.endpoint, copy.data))
         elif copy.dead is None:
             ctx.ledger.copy_settled(row.id, row.endpoint)
-            pushes.append(Show(row.id, row.endpoint, copy.data))
+            if observed:
+                pushes.append(Show(row.id, row.endpoint, copy.data))
             ctx.ledger.stored_new(row.id, row.endpoint)
-        if late:
-            continue
         # A relayed copy the endpoint had already is delivered, and the endpoint's
         # ledger knows it from its first store.
         durable = row.stored_at is not None or row.code == proto.ALREADY_STORED
@@ -73,7 +78,8 @@ def stored(ctx: Context, rows: list[proto.Stored], now: int) -> list[Push]:
             ctx.reliability.never_tried(copy)
         else:
             ctx.reliability.outcome(copy, success=durable, now=now)
-        job.outcomes[row.endpoint] = None if durable else (row.code, row.message)
+        # A copy not stored always says why (its code); "" only to keep the type whole.
+        job.outcomes[row.endpoint] = None if durable else (row.code or "", row.message or "")
         _answered(ctx, row.token, job)
     return pushes
 

@@ -1,0 +1,127 @@
+"""The router's hot units compiled with mypyc, used only while they match their sources.
+
+`make install` compiles the modules in `UNITS` to C extensions (build_units.py) into
+``build/compiled/``, outside the source tree, and writes a manifest there: the sha256 of
+each unit's source as compiled. Each package holding a unit puts that directory first
+in its ``__path__`` (`search_path`), so ``import broker.publish`` finds the extension,
+but only when every unit's source still has the hash the manifest names. An edit to a
+unit's ``.py`` therefore takes effect at once, pure Python, with a warning naming the
+stale units until the next `make install`; it is never silently shadowed by an older
+build. ``RELAY_PURE=1`` in the environment runs the pure modules regardless (the tests
+run both ways: tests/test_compiled.py). No build (no C compiler, a client install):
+the pure modules, as before. What it buys: docs/performance.md,
+"Fewer objects per publish, and mypyc".
+
+This module is never compiled: it decides whether the others are.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import sys
+import sysconfig
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent  # the checkout (an editable install's)
+BUILD = ROOT / "build" / "compiled"
+MANIFEST = "manifest.json"
+GROUP = "relay_units"  # the name of the shared library mypyc builds for all of them
+PURE_ENV = "RELAY_PURE"
+
+# The units compiled: the publish path, from the request's frame to its answer, and the
+# pure policies it runs (python -m bench.publish_cost names them all). Only modules
+# that type-check (make lint) and that no test replaces parts of at run time. Not
+# sdk/types.py: its public types take a list where they keep a tuple (PublishResult's
+# __post_init__ converts it), which a compiled dataclass refuses before converting.
+UNITS = (
+    "sdk/subjects.py",
+    "sdk/ids.py",
+    "sdk/wire.py",
+    "sdk/paths.py",
+    "broker/sublist.py",
+    "broker/budget.py",
+    "broker/publish.py",
+    "broker/reliability.py",
+    "broker/ratelimit.py",
+    "broker/breaker.py",
+    "broker/backpressure.py",
+    "broker/rules.py",
+    "broker/delegation.py",
+    "broker/rejections.py",
+    "broker/router/delivery.py",
+    "broker/router/jobs.py",
+    "broker/router/replies.py",
+    "broker/router/writer_events.py",
+    "broker/router/ops_publish.py",
+    "broker/router/dispatch.py",
+    "broker/router/requests.py",
+    "broker/router/remote_parts.py",
+    "broker/router/directory.py",
+    "broker/router/consumers.py",
+    "broker/router/context.py",
+    "broker/router/signal_out.py",
+    "workers/protocol.py",
+)
+
+
+def source_hashes(root: Path, units: tuple[str, ...] = UNITS) -> dict[str, str]:
+    """The sha256 of each unit's source under ``root`` ("" for one that is missing)."""
+    hashes = {}
+    for unit in units:
+        try:
+            hashes[unit] = hashlib.sha256((root / unit).read_bytes()).hexdigest()
+        except OSError:
+            hashes[unit] = ""
+    return hashes
+
+
+def manifest(root: Path, units: tuple[str, ...] = UNITS) -> dict[str, object]:
+    """What a build records: the interpreter's extension suffix and the sources' hashes."""
+    return {"suffix": sysconfig.get_config_var("EXT_SUFFIX"), "units": source_hashes(root, units)}
+
+
+def stale_units(build: Path, root: Path) -> list[str] | None:
+    """The units whose source differs from what ``build`` was compiled from; [] when the
+    build matches every source; None when there is no usable build (none, another
+    interpreter's, or a manifest that cannot be read)."""
+    try:
+        built = json.loads((build / MANIFEST).read_text())
+        units = built["units"]
+        if built["suffix"] != sysconfig.get_config_var("EXT_SUFFIX") or not units:
+            return None
+        now = source_hashes(root, tuple(units))
+        return sorted(unit for unit, digest in units.items() if now[unit] != digest)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+@functools.cache
+def in_use() -> bool:
+    """Whether this process runs the compiled units (decided once, at first import)."""
+    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+        return False
+    stale = stale_units(BUILD, ROOT)
+    if stale is None:
+        return False
+    if stale:
+        warnings.warn(
+            f"compiled units older than their sources ({', '.join(stale)}): running all "
+            f"units as pure Python; `make install` compiles them again",
+            RuntimeWarning,
+            stacklevel=3,  # the package whose import asked
+        )
+        return False
+    if str(BUILD) not in sys.path:
+        sys.path.append(str(BUILD))  # where the shared library GROUP is imported from
+    return True
+
+
+def search_path(package: str, path: list[str]) -> list[str]:
+    """A package's ``__path__`` with its compiled units' directory first, when in use."""
+    if not in_use():
+        return path
+    return [str(BUILD.joinpath(*package.split("."))), *path]
