@@ -40,9 +40,13 @@ browser:
 	sh edges/setup-browser.sh
 
 # Lint first: a lint or type error fails `make test`, and so CI (.ci/run). The suite
-# runs the compiled units when they built; the compiled units' own tests run again as
-# pure Python (RELAY_PURE=1), the fallback every install without a compiler runs.
+# runs the compiled units, and refuses to start without a current build: a build that
+# failed would otherwise leave the compiled path untested while every test passed. The
+# compiled units' own tests run again as pure Python (RELAY_PURE=1), the fallback every
+# install without a compiler runs.
 test: lint clients browser install
+	@$(BIN)/python -c 'import sys; from sdk import compiled; sys.exit(0 if compiled.in_use() else \
+		"the mypyc build is missing or stale (build/units.log): make test runs it, so it must build")'
 	$(BIN)/pytest -n auto --dist loadfile
 	RELAY_PURE=1 $(BIN)/pytest -n auto --dist loadfile $(PURE_TESTS)
 

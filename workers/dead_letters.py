@@ -220,22 +220,22 @@ def redrive_batch(
 
     unlinked = []  # (mailbox, st_dev)
     for i, mailbox, message_id, dev in renamed:
-        exc = new_error[mailbox.new_dir]
-        if exc is not None:  # not durable: take it back, the dead letter stays
+        error = new_error[mailbox.new_dir]
+        if error is not None:  # not durable: take it back, the dead letter stays
             unlink_quiet(f"{mailbox.new_dir}/{message_id}")
         else:
-            exc = _unlink_dead_letter(mailbox, message_id)
-        if exc is not None:
-            results[i] = _requeue_error(mailbox, message_id, exc)
+            error = _unlink_dead_letter(mailbox, message_id)
+        if error is not None:
+            results[i] = _requeue_error(mailbox, message_id, error)
             continue
         unlinked.append((mailbox, dev))
     fault_point(REDRIVE_AFTER_UNLINK)
 
-    for failed_dir, exc in sync_dirs({m.failed_dir: dev for m, dev in unlinked}).items():
-        if exc is not None:
+    for failed_dir, error in sync_dirs({m.failed_dir: dev for m, dev in unlinked}).items():
+        if error is not None:
             # Requeued; only a power cut now could bring the dead letters back (recover()
             # would then keep them, as after a crash in the window above).
-            log.warning("requeue of dead letters: could not fsync %s: %s", failed_dir, exc)
+            log.warning("requeue of dead letters: could not fsync %s: %s", failed_dir, error)
     return results
 
 
