@@ -120,8 +120,6 @@ class LedgerMachine(RuleBasedStateMachine):
     def _pass(self) -> None:
         """The end of a router pass: credit given back is offered, the outbox sent."""
         self.ledger.feed_refilled()
-        for sub_id, message in self.ledger.take_released():
-            self._hand_out(sub_id, message, 1)
         unsent = []
         for command in self.ledger.take_outbox():
             if self.ledger.is_up(command.shard) and command.shard not in self.full:
@@ -172,24 +170,14 @@ class LedgerMachine(RuleBasedStateMachine):
             if command.job in self.answered:
                 self.ledger.stored_late(*message, claimed=command.sub is not None)
             elif command.sub is not None:
-                sub_id = self.ledger.copy_settled(*message)
-                for held in self.ledger.hand_out_in_order(
-                    *message, sub_id, (sub_id, message), stored=True
-                ):
-                    self._hand_out(*held, 1)
+                self._hand_out(self.ledger.copy_settled(*message), message, 1)
             else:
                 self.ledger.copy_settled(*message)
                 self.ledger.stored_new(*message)
         elif isinstance(command, Claim):
             ok = self._claim(command, message)
             if self.ledger.claimed(command.sub, *message, ok=ok):
-                if command.deliveries:  # handed out again: never held
-                    self._hand_out(command.sub, message, command.deliveries + 1)
-                    return
-                for held in self.ledger.hand_out_in_order(
-                    *message, command.sub, (command.sub, message), stored=False
-                ):
-                    self._hand_out(*held, 1)
+                self._hand_out(command.sub, message, command.deliveries + 1)
         elif isinstance(command, Redrive):
             if self._redrive(message):  # the router hears it: in line by its id
                 self.ledger.requeued(*message)

@@ -12,9 +12,7 @@ The rules it keeps:
 
 - FIFO per endpoint: a message is handed out only when nothing older of its endpoint is
   waiting, being stored or being put back (a put-back holds its endpoint's dispatch until
-  the writer confirms it, so the message stays first in line). A message stored claimed
-  while older ones were still on their way (catching up, below) is *held* until they
-  are handed out (`hand_out_in_order`, `take_released`). One exception, stated in
+  the writer confirms it, so the message stays first in line). One exception, stated in
   docs/architecture.md ("Order"): a message *returned* (its holder died, left, or let its
   ack deadline pass) was handed out before, and newer ones may have been handed out
   since; it goes to the front of the line, and comes as soon as a consumer is free.
@@ -26,15 +24,6 @@ The rules it keeps:
   that handed nothing out gives it back, and credit that comes back goes to the starved
   endpoints the subscription matches, one message each in turn, so that a wildcard
   consumer drains every backlog and a busy endpoint starves no other.
-- Catching up: a consumer whose credit ran out has messages stored into new/ and
-  claimed later, two commits each. Once its credit is back, a new message is stored
-  claimed again (one commit) as soon as nothing older *waits* in new/, even while older
-  ones are still being stored or claimed, as long as the consumer keeps the credit
-  those older ones need (one each) and takes this endpoint's messages only (a subject,
-  not a wildcard, whose credit could go to other backlogs): so the held messages never
-  take the credit their elders wait for. Without it, at a steady rate faster than one
-  commit a consumer that fell behind once stayed on the two-commit path for good
-  (something older is always on its way), docs/performance.md "publish -> handler".
 - Never claimed for nobody: a claim whose subscriber left, or whose writer died before
   answering, is put back (cur/ -> new/); a put-back of a claim that never happened is
   refused by the writer, harmlessly. Put-backs for a writer that is down wait for its
@@ -52,13 +41,10 @@ import bisect
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
-from broker.router.consumers import CONSUME, Consumers, Subscription
+from broker.router.consumers import Consumers, Subscription
 from sdk.paths import shard_of
 from sdk.subjects import has_wildcards, matches
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -110,13 +96,6 @@ class EndpointQueue:
     # Returned messages, in cur/ and held by nobody: (id, hand-outs so far), oldest
     # first; they go before anything in new/.
     returned: list[tuple[str, int]] = field(default_factory=list)
-    # First hand-outs claimed in cur/ while something older was on its way: (id, the
-    # subscription, what to push), oldest first; each goes once nothing older is
-    # (catching up), or at once when its subscription ended (the loop puts it back).
-    held: list[tuple[str, int | None, Any]] = field(default_factory=list)
-    # Put back or requeued, not handed out since: may come after younger ones anyway
-    # ("Order"), so no held message waits for them.
-    again: set[str] = field(default_factory=set)
 
     @property
     def depth(self) -> int:
@@ -130,11 +109,6 @@ class EndpointQueue:
         return not (
             self.waiting or self.claiming or self.storing or self.requeuing or self.returned
         )
-
-    @property
-    def in_line(self) -> bool:
-        """Something older than the next copy must be claimed from new/ (or cur/) first."""
-        return bool(self.waiting or self.requeuing or self.returned)
 
 
 class Ledger:
@@ -164,7 +138,6 @@ class Ledger:
         self._reclaims: dict[tuple[str, str], int] = {}
         self.max_deliveries = 5  # config delivery.maxDeliveries; 0: no limit
         self._starved: dict[str, None] = {}  # an ordered set
-        self._holding: set[str] = set()  # endpoints with hand-outs held (catching up)
         self._outbox: list[Command] = []
         self._unsent: list[PutBack | DeadLetter] = []
 
@@ -282,9 +255,9 @@ class Ledger:
         queue = self._queue(endpoint)
         shard = shard_of(endpoint, self.shards)
         subject = self._subjects.get(endpoint)
-        if subject is not None and not queue.in_line and shard in self._up:
+        if subject is not None and queue.idle and shard in self._up:
             sub = self.consumers.pick_consumer(subject)
-            if sub is not None and (queue.idle or _may_catch_up(sub, queue)):
+            if sub is not None:
                 sub.inflight += 1
                 self._claims.setdefault(shard, {})[(message_id, endpoint)] = sub.id
                 return sub
@@ -362,8 +335,6 @@ class Ledger:
         queue = self._queue(endpoint)
         queue.claiming = max(0, queue.claiming - 1)
         before = self._reclaims.pop((message_id, endpoint), None)
-        if ok or not unchanged:
-            queue.again.discard(message_id)
         if not ok:
             self.consumers.give_back(sub_id)
             if unchanged and before is None:
@@ -411,7 +382,6 @@ class Ledger:
             key in self._claims.get(shard_of(endpoint, self.shards), {})
             or (queue is not None and any(i == message_id for i, _ in queue.returned))
             or key in self.put_backs.values()
-            or (queue is not None and any(h[0] == message_id for h in queue.held))
             or any((d.id, d.endpoint) == key for d in self.dead_letters.values())
         )
 
@@ -421,7 +391,6 @@ class Ledger:
         though a writer's hello may have read it from new/ already."""
         queue = self.queues.get(endpoint)
         if queue is not None:
-            queue.again.add(message_id)
             if message_id not in queue.waiting:
                 _in_line(queue.waiting, message_id)
             self._dispatch(endpoint)
@@ -432,9 +401,7 @@ class Ledger:
         that is down it waits for its hello."""
         token = next(self._tokens)
         self.put_backs[token] = (message_id, endpoint)
-        queue = self._queue(endpoint)
-        queue.requeuing.add(message_id)
-        queue.again.add(message_id)
+        self._queue(endpoint).requeuing.add(message_id)
         shard = shard_of(endpoint, self.shards)
         if shard in self._up:
             self._outbox.append(PutBack(shard, token, message_id, endpoint))
@@ -458,88 +425,6 @@ class Ledger:
         """Forget a claim in flight; the subscription it was for, if it was in flight."""
         claims = self._claims.get(shard_of(endpoint, self.shards))
         return claims.pop((message_id, endpoint), None) if claims else None
-
-    # ------------------------------------------------------------------ hand-outs
-
-    def hand_out_in_order(
-        self, message_id: str, endpoint: str, sub_id: int | None, item: T, *, stored: bool
-    ) -> list[T]:
-        """A message claimed for a consumer the first time, ``stored`` claimed or claimed
-        from new/: what to push now, oldest first. ``item`` goes at once unless
-        something older of its endpoint is still on its way (stored claimed while
-        catching up); then it is held and goes with the hand-out that clears the way, or
-        at `take_released`. A claim from new/ is answered after every older copy's store
-        and claim (one writer, in order), so it waits only behind messages held."""
-        queue = self.queues.get(endpoint)
-        if queue is None or not (queue.held or (stored and not queue.idle)):
-            return [item]
-        if not queue.held and not self._older_on_its_way(endpoint, message_id):
-            return [item]
-        bisect.insort(queue.held, (message_id, sub_id, item), key=_first)
-        self._holding.add(endpoint)
-        released = self._release(endpoint)
-        if queue.held:
-            self._dispatch(endpoint)  # an elder waiting with no credit left puts them back
-        return released
-
-    def take_released(self) -> list[Any]:
-        """Held hand-outs whose elders went meanwhile by other ways than a hand-out (a
-        store given up on, a put-back, a writer gone, the endpoint unregistered): the
-        loop pushes them at the end of each pass."""
-        released: list[Any] = []
-        for endpoint in list(self._holding):
-            released += self._release(endpoint)
-        return released
-
-    def _release(self, endpoint: str) -> list[Any]:
-        queue = self.queues[endpoint]
-        subs = self.consumers.subs
-        # Whose subscription ended is not pushed but put back: it need not wait.
-        released = [item for _, sub_id, item in queue.held if sub_id not in subs]
-        if released:
-            queue.held = [h for h in queue.held if h[1] in subs]
-        gone = endpoint not in self._subjects  # unregistered: nothing older will be claimed
-        while queue.held and (gone or not self._older_on_its_way(endpoint, queue.held[0][0])):
-            released.append(queue.held.pop(0)[2])
-        if not queue.held:
-            self._holding.discard(endpoint)
-        return released
-
-    def _put_back_held(self, endpoint: str, queue: EndpointQueue) -> None:
-        """Messages wait in new/ and no consumer has credit for them: the held ones
-        younger than the oldest of them may be what holds that credit (a store given up
-        on came back from new/ uncounted). Held, they would wait for it for good; they
-        go back to new/ as claims nobody received, their credit back, and come after."""
-        oldest = next((i for i in queue.waiting if i not in queue.again), None)
-        if oldest is None:
-            return
-        stuck = [h for h in queue.held if h[0] > oldest]
-        queue.held = [h for h in queue.held if h[0] < oldest]
-        for message_id, sub_id, _ in stuck:
-            self.consumers.give_back(sub_id)
-            self.put_back(message_id, endpoint)
-        if not queue.held:
-            self._holding.discard(endpoint)
-
-    def _older_on_its_way(self, endpoint: str, message_id: str) -> bool:
-        """Whether a message of the endpoint older than ``message_id`` is waiting in new/,
-        being stored or being claimed the first time: handed out after it would break
-        FIFO. Messages put back or requeued do not count (they may come later anyway),
-        so that none holds back what was claimed while it went back (its consumer left)."""
-        queue = self.queues[endpoint]
-        again, reclaims = queue.again, self._reclaims
-        for i in queue.waiting:  # oldest first
-            if i >= message_id:
-                break
-            if i not in again:
-                return True
-        if any(i < message_id for i in queue.storing):
-            return True
-        claims = self._claims.get(shard_of(endpoint, self.shards), {})
-        return any(
-            e == endpoint and i < message_id and i not in again and (i, e) not in reclaims
-            for i, e in claims
-        )
 
     # ------------------------------------------------------------------ credit
 
@@ -606,28 +491,11 @@ class Ledger:
             sub.inflight += 1
             self._claims.setdefault(shard, {})[(message_id, endpoint)] = sub.id
         left = bool(queue.waiting or queue.returned)
-        if queue.waiting and sent != limit and queue.held:
-            self._put_back_held(endpoint, queue)
         if sent or not left:  # served: to the back of the line, if still in it
             self._starved.pop(endpoint, None)
         if left:
             self._starved.setdefault(endpoint)
         return sent == limit and left
-
-
-def _may_catch_up(sub: Subscription, queue: EndpointQueue) -> bool:
-    """Whether a copy may be stored claimed for ``sub`` while older ones of the endpoint
-    are still being stored into new/ or claimed: the credit left after it covers a claim
-    of each copy still on its way into new/, and it consumes this endpoint only."""
-    return (
-        sub.mode == CONSUME
-        and not has_wildcards(sub.pattern)
-        and sub.credit - sub.inflight > len(queue.storing)
-    )
-
-
-def _first(held: tuple[str, int | None, Any]) -> str:
-    return held[0]
 
 
 def _in_order(returned: list[tuple[str, int]], message_id: str, deliveries: int) -> None:

@@ -190,7 +190,6 @@ class Router:
         pushes to the same client."""
         now = now_ms()
         self.ctx.ledger.feed_refilled()
-        self._send_pushes(self.ctx.ledger.take_released())  # held, and free to go now
         remote.answer_held(self.ctx, now)
         self._send_ledger_outbox()
         answer_fetches(self.ctx, now)

@@ -59,10 +59,7 @@ def stored(ctx: Context, rows: list[proto.Stored], now: int) -> list[Push]:
         elif row.target == proto.TARGET_CUR:
             sub_id = ctx.ledger.copy_settled(row.id, row.endpoint)
             pushes.append(Show(row.id, row.endpoint, copy.data))
-            hand_out = HandOut(sub_id, row.id, row.endpoint, copy.data)
-            pushes += ctx.ledger.hand_out_in_order(
-                row.id, row.endpoint, sub_id, hand_out, stored=True
-            )
+            pushes.append(HandOut(sub_id, row.id, row.endpoint, copy.data))
         elif copy.dead is None:
             ctx.ledger.copy_settled(row.id, row.endpoint)
             pushes.append(Show(row.id, row.endpoint, copy.data))
@@ -94,12 +91,7 @@ def claimed(ctx: Context, claim: proto.Claimed, data: bytes | None) -> list[Push
         )
     ok, unchanged = claim.code is None, claim.code == "storage_error"
     if ctx.ledger.claimed(claim.sub, claim.id, claim.endpoint, ok=ok, unchanged=unchanged):
-        hand_out = HandOut(claim.sub, claim.id, claim.endpoint, data or b"", claim.deliveries)
-        if claim.deliveries > 1:  # handed out again: first in line, never held
-            return [hand_out]
-        return ctx.ledger.hand_out_in_order(
-            claim.id, claim.endpoint, claim.sub, hand_out, stored=False
-        )
+        return [HandOut(claim.sub, claim.id, claim.endpoint, data or b"", claim.deliveries)]
     return []
 
 
