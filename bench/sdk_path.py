@@ -32,13 +32,15 @@ from tests.harness import Broker
 
 SUBJECT, SENDER = "relay.agent.bench.path", "relay.agent.bench.producer"
 PAYLOAD = {"content": "x" * 300, "performative": "inform"}
+# Marks taken along a publish, in order; a stage ends at its mark and starts at the
+# previous one the publish passed (a caller that sends its request itself passes no
+# "io_woke").
 STAGES = {
-    "caller: publish() until queued for the I/O thread": "queued",
-    "I/O thread wakes and takes it": "io_woke",
-    "I/O thread: sent on the DEALER": "on_dealer",
-    "broker: router, writer, router (until the I/O thread reads)": "io_read",
-    "I/O thread: reply decoded, futures resolved": "taken",
-    "caller wakes, publish() returns": "caller",
+    "I/O thread wakes and takes the request (its path only)": "io_woke",
+    "the request is sent on the DEALER": "on_dealer",
+    "broker: router, writer, router (until the reply is read)": "read",
+    "reply decoded, futures resolved": "taken",
+    "publish() returns": "caller",
 }
 
 
@@ -85,17 +87,20 @@ def stages(client: Client, count: int) -> dict[str, float]:
 
         setattr(cls, name, wrapped)
 
-    mark(transport.Transport, "send_request", "queued", after=True)
     mark(transport.Transport, "_forward", "io_woke", after=False)
-    mark(transport.Transport, "_receive", "io_read", after=False)
     mark(transport.Transport, "_take", "taken", after=True)
-    send_parts = transport.send_parts
+    send_parts, decode = transport.send_parts, wire.decode_incoming_all
 
     def sent(sock: zmq.Socket, parts: Any, flags: int = 0, copy: bool = True) -> None:
         send_parts(sock, parts, flags, copy)
         marks.setdefault("on_dealer", now())
 
+    def read(frames: Any) -> Any:
+        marks.setdefault("read", now())
+        return decode(frames)
+
     transport.send_parts = sent  # type: ignore[assignment]
+    wire.decode_incoming_all = read  # type: ignore[assignment]
     spans: dict[str, list[float]] = {label: [] for label in STAGES.values()}
     for _ in range(count):
         time.sleep(0.005)
@@ -105,9 +110,14 @@ def stages(client: Client, count: int) -> dict[str, float]:
         marks["caller"] = now()
         previous = start
         for label in spans:
-            spans[label].append((marks[label] - previous) / 1000)
-            previous = marks[label]
-    return {name: statistics.median(spans[label]) for name, label in STAGES.items()}
+            if label in marks:
+                spans[label].append((marks[label] - previous) / 1000)
+                previous = marks[label]
+    return {
+        f"{name} [{len(spans[label])}]": statistics.median(spans[label])
+        for name, label in STAGES.items()
+        if spans[label]
+    }
 
 
 def main() -> None:
