@@ -322,23 +322,16 @@ class Client:
         calls ``ack()``, ``nack(reason)`` (both confirmed), or ``ack_wait`` seconds pass
         without an answer or ``in_progress()``; if the client dies first, it is handed
         out again."""
-        return self._wait(
-            self.fetch_async(pattern, batch=batch, wait=wait, ack_wait=ack_wait),
-            "fetch",
-            self.timeout + wait,
-        )
+        fields = _fetch_fields(pattern, batch, wait, ack_wait)
+        # A call, not a future: alone in flight, the caller reads its own reply.
+        reply = self._call("fetch", timeout=self.timeout + wait, **fields)
+        return self._held_messages(reply["messages"], fields.get("ackWait"))
 
     def fetch_async(
         self, pattern: str, *, batch: int = 10, wait: float = 0.0, ack_wait: float | None = None
     ) -> Future:
         """`fetch` without waiting; the future resolves to the list of messages."""
-        fields: dict[str, Any] = {
-            "pattern": subjects.validate(pattern, wildcards=True),
-            "batch": batch,
-            "wait": _ms(wait, "wait", minimum=0),
-        }
-        if ack_wait is not None:
-            fields["ackWait"] = _ms(ack_wait, "ack_wait")
+        fields = _fetch_fields(pattern, batch, wait, ack_wait)
         raw = self.send_request("fetch", timeout=self.timeout + wait, **fields)
         fetched: Future = Future()
 
@@ -598,6 +591,18 @@ def _publish_fields(
         fields["budget"] = budget.to_wire()
     if parent_id is not None:
         fields["parentId"] = parent_id
+    return fields
+
+
+def _fetch_fields(pattern: str, batch: int, wait: float, ack_wait: float | None) -> dict[str, Any]:
+    """The fields of a ``fetch`` request."""
+    fields: dict[str, Any] = {
+        "pattern": subjects.validate(pattern, wildcards=True),
+        "batch": batch,
+        "wait": _ms(wait, "wait", minimum=0),
+    }
+    if ack_wait is not None:
+        fields["ackWait"] = _ms(ack_wait, "ack_wait")
     return fields
 
 
