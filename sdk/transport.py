@@ -65,6 +65,10 @@ def ping_interval(session_timeout_ms: Any) -> float:
 
 
 IO_POLL_MS = 200  # the I/O thread's longest sleep
+# Fewer requests than this in flight: a caller sends its request itself (send_request).
+# More are left to the I/O thread, which sends what callers queued together as one
+# batch frame (docs/performance.md, "100 in flight").
+SENT_BY_CALLER_BELOW = 4
 # A refusal, not a connection cut mid-handshake (NO_DETAIL: a router restarting).
 _REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 _numbers = itertools.count(1)  # names each transport's inproc socket uniquely
@@ -79,6 +83,9 @@ class Consumer(Protocol):
 
     def pushed(self, push: wire.Push) -> None:
         """A message pushed for a subscription."""
+
+    def expects_pushes(self) -> bool:
+        """Messages may be pushed to us (a subscription lives or is being made)."""
 
     def router_holds(self, subs: set[int]) -> None:
         """A heartbeat's reply: the ids of the subscriptions the router holds for us."""
@@ -115,10 +122,14 @@ class Transport:
         self._lock = threading.Lock()  # sends to the I/O thread; never taken by it
         # Whoever holds it may use the DEALER: the I/O thread, or a caller leading (`call`).
         self._dealer_lock = threading.Lock()
-        # The I/O thread writes a byte here when it waits for the lock a caller holds.
-        self._wanted_r, self._wanted_w = os.pipe()
-        os.set_blocking(self._wanted_r, False)
-        os.set_blocking(self._wanted_w, False)
+        # Rung by the I/O thread when it waits for the DEALER a caller holds.
+        self._wanted = Bell()
+        # Rung by a caller that lets go of the DEALER while the I/O thread does not poll
+        # it (`_io_blind`) and something may come that nobody else reads: the I/O
+        # thread then looks again whether to poll it (`_poll_dealer`).
+        self._look = Bell()
+        self._io_blind = False
+        self._ping_out = False  # a ping's reply is awaited (by the I/O thread)
         self._queued = 0  # items callers put on the inproc queue (under _lock)
         self._taken = 0  # items the I/O thread took from it (by it alone)
         self._closed = False
@@ -183,7 +194,9 @@ class Transport:
     ) -> Future:
         """Send one request; the future holds the result or the typed error (a Timeout
         when no reply comes within ``timeout``, default the transport's). ``on_reply``
-        runs on the I/O thread with a successful result before anything read after it."""
+        runs on the I/O thread with a successful result before anything read after it.
+        With few requests in flight the caller sends it on the DEALER itself; the I/O
+        thread reads its reply."""
         return self._submit(op, timeout, on_reply, fields, lead=False)[0]
 
     def call(self, op: str, *, timeout: float | None = None, **fields: Any) -> Any:
@@ -203,10 +216,11 @@ class Transport:
         *,
         lead: bool,
     ) -> tuple[Future, float | None]:
-        """Register a request and send it: through the I/O thread, or, when ``lead`` and
-        the DEALER is free with nothing in flight or queued before it, on the DEALER
-        itself. Returns its future, and its deadline when the caller holds the DEALER
-        (it must `_lead`, which lets go)."""
+        """Register a request and send it: on the DEALER itself when the socket is free,
+        nothing is queued before it and few are in flight (none when it is to ``lead``:
+        read its own reply), else through the I/O thread. Returns its future, and its
+        deadline when the caller still holds the DEALER (it must `_lead`, which lets
+        go)."""
         rid = next(self._rids)
         future: Future = Future()
         body = wire.encode_request(op, rid, **self._acting, **fields)[1]
@@ -215,10 +229,9 @@ class Transport:
             if self._closed:
                 raise Unavailable("client is closed")
             # Nothing queued before it may be overtaken (signals, requests of this
-            # thread), nor a reply awaited by another (the I/O thread batches those).
-            lead = (
-                lead
-                and not self._futures
+            # thread); a leader reads no reply awaited by another.
+            own = (
+                len(self._futures) < (1 if lead else SENT_BY_CALLER_BELOW)
                 and self._queued == self._taken
                 and self._dealer_lock.acquire(blocking=False)
             )
@@ -227,7 +240,7 @@ class Transport:
             if on_reply is not None:
                 self._on_reply[rid] = on_reply
             self._requests_sent += 1
-            if not lead:
+            if not own:
                 self._outbox.send(b"R" + rid.to_bytes(8, "big") + body)
                 self._queued += 1
                 return future, None
@@ -236,9 +249,17 @@ class Transport:
             send_parts(self._dealer, [wire.MAGIC, body], NOBLOCK)
         except zmq.ZMQError as exc:  # EAGAIN: the queue to an unreachable broker is full
             self._fail(rid, Unavailable(f"broker at {self.address} unreachable: {exc}"))
-            self._let_go()
-            return future, None
-        return future, deadline
+            lead = False
+        if lead:
+            return future, deadline
+        # The send may have taken the signal of a message that came meanwhile: then the
+        # I/O thread is told to read (it does on any item), not this thread, which runs
+        # no other request's callbacks.
+        unread = self._dealer.poll(0, zmq.POLLIN)
+        self._release_dealer()
+        if unread:
+            self._to_io(b"D")
+        return future, None
 
     def _lead(self, future: Future, deadline: float) -> None:
         """(A caller holding the DEALER.) Read it until ``future`` is resolved, its
@@ -251,14 +272,26 @@ class Transport:
                 if left_ms <= 0:
                     return
                 ready = zmq.zmq_poll(
-                    [(self._dealer, zmq.POLLIN), (self._wanted_r, zmq.POLLIN)],
+                    [(self._dealer, zmq.POLLIN), (self._wanted.r, zmq.POLLIN)],
                     min(left_ms, IO_POLL_MS),
                 )
                 self._receive()  # first: a reply that came with the I/O thread's call
-                if any(item == self._wanted_r for item, _ in ready):
+                if any(item == self._wanted.r for item, _ in ready):
                     return
         finally:
-            self._dealer_lock.release()
+            self._release_dealer()
+
+    def _release_dealer(self) -> None:
+        """(A caller) Let go of the DEALER, read empty. An I/O thread that does not poll
+        it is told to look again if something may come that it must read."""
+        self._dealer_lock.release()
+        if self._io_blind and self._watch():  # read after the release: _poll_dealer
+            self._look.ring()
+
+    def _watch(self) -> bool:
+        """Something may arrive on the DEALER that no caller reads: a reply awaited, a
+        ping's, or a pushed message."""
+        return bool(self._futures) or self._ping_out or self._consumer.expects_pushes()
 
     def wait(self, future: Future, op: str, timeout: float | None = None) -> Any:
         """The future's result within ``timeout`` (default the transport's), or a typed
@@ -326,9 +359,9 @@ class Transport:
         self._quiet.close()
         if self._io.ident is not None:
             self._io.join(2)
-        else:  # never started: the pipe is ours to close
-            os.close(self._wanted_r)
-            os.close(self._wanted_w)
+        else:  # never started: the pipes are ours to close
+            self._wanted.close()
+            self._look.close()
         self._outbox.close(0)
         for future in list(self._futures.values()):
             if not future.done():
@@ -369,11 +402,13 @@ class Transport:
         dealer.connect(self.address)
         self._dealer_fd = dealer.getsockopt(zmq.FD)
         poller.register(self._dealer_fd, zmq.POLLIN)
+        self._dealer_polled = True
         poller.register(refusals, zmq.POLLIN)
         return dealer, refusals
 
     def _close_dealer(self, poller: zmq.Poller, dealer: zmq.Socket, refusals: zmq.Socket) -> None:
-        poller.unregister(self._dealer_fd)
+        if self._dealer_polled:  # not while blind (_poll_dealer)
+            poller.unregister(self._dealer_fd)
         poller.unregister(refusals)
         dealer.disable_monitor()
         refusals.close(0)
@@ -388,13 +423,17 @@ class Transport:
             self._curve.apply(self._sub)
         poller.register(self._outbox_in, zmq.POLLIN)
         poller.register(self._sub, zmq.POLLIN)
+        poller.register(self._look.r, zmq.POLLIN)
         self._io_ready.set()
         next_ping = time.monotonic() + self._ping_every
         wait_ms = IO_POLL_MS
         try:
             while not self._closed:
+                self._poll_dealer(poller)
                 for sock, _ in poller.poll(wait_ms):
-                    if sock is self._outbox_in:
+                    if sock == self._look.r:
+                        self._look.clear()
+                    elif sock is self._outbox_in:
                         with self._holding_dealer():
                             self._forward()
                     elif sock is refusals:
@@ -425,6 +464,7 @@ class Transport:
                         self._dealer.send_multipart(
                             wire.encode_request("ping", 0, batch=True), zmq.NOBLOCK
                         )
+                        self._ping_out = True
                     next_ping = now + self._ping_every
                     self._expire(now)
         finally:
@@ -432,17 +472,33 @@ class Transport:
             self._close_dealer(poller, self._dealer, refusals)
             self._sub.close(0)
             self._outbox_in.close(0)
-            os.close(self._wanted_r)
-            os.close(self._wanted_w)
+            self._wanted.close()
+            self._look.close()
+
+    def _poll_dealer(self, poller: zmq.Poller) -> None:
+        """Poll the DEALER's descriptor only when something may arrive that no caller
+        reads (`_watch`): so a client that only calls, one call at a time, wakes no
+        other thread on its replies. Not while a caller holds the socket either: it
+        reads the socket itself, and rings `_look` when it lets go if something is left
+        to watch. Blind first, the lock and what to watch read second (a caller: its
+        future registered and the lock released first, blind read second), so that
+        one of the two sees the other and no arrival goes unread."""
+        self._io_blind = True
+        blind = not self._watch() or self._dealer_lock.locked()
+        self._io_blind = blind
+        if blind == self._dealer_polled:
+            if blind:
+                poller.unregister(self._dealer_fd)
+            else:
+                poller.register(self._dealer_fd, zmq.POLLIN)
+            self._dealer_polled = not blind
 
     def _take_dealer(self) -> None:
         """(I/O thread) Take the DEALER; a caller holding it is told to let go."""
         if not self._dealer_lock.acquire(blocking=False):
-            with contextlib.suppress(BlockingIOError):  # full: it is told already
-                os.write(self._wanted_w, b"!")
+            self._wanted.ring()
             self._dealer_lock.acquire()
-        with contextlib.suppress(BlockingIOError):  # nobody else reads it: empty it
-            os.read(self._wanted_r, 4096)
+        self._wanted.clear()  # nobody else reads it
 
     def _let_go(self) -> None:
         """Read what waits on the DEALER, then let another thread use it. Its descriptor
@@ -533,7 +589,8 @@ class Transport:
                 self._sub.connect(item[1:].decode())
             elif kind == b"S":  # subscribe the signal socket to a prefix
                 self._sub.setsockopt(zmq.SUBSCRIBE, item[1:])
-            # b"A": answers wait; the loop sets its next wake-up by their deadline
+            # b"A": answers wait; the loop sets its next wake-up by their deadline.
+            # b"D": the DEALER has something to read (read when the DEALER is let go).
         self._send(rids, bodies)
         return taken
 
@@ -578,6 +635,7 @@ class Transport:
             self._consumer.pushed(incoming)
             return
         if incoming.rid == 0:  # the heartbeat's (a signal sent without reply has none)
+            self._ping_out = False
             if incoming.ok:
                 self._heartbeat(incoming.result)
             return
@@ -618,6 +676,27 @@ class Transport:
                 break
         if arrived:
             self._signals(arrived)
+
+
+class Bell:
+    """A pipe one thread rings and another polls: thread-safe, as a ZeroMQ socket is not."""
+
+    def __init__(self) -> None:
+        self.r, self._w = os.pipe()
+        os.set_blocking(self.r, False)
+        os.set_blocking(self._w, False)
+
+    def ring(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # full: rung already
+            os.write(self._w, b"!")
+
+    def clear(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(self.r, 4096)
+
+    def close(self) -> None:
+        os.close(self.r)
+        os.close(self._w)
 
 
 def _client_name() -> str:

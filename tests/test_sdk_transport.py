@@ -36,6 +36,9 @@ class StuckIoThread:
     def router_holds(self, subs: set[int]) -> None:
         pass
 
+    def expects_pushes(self) -> bool:
+        return False
+
     def answers_due(self, now: float, send: Callable[[list[Request]], None]) -> float | None:
         if self.armed:
             self.stuck.set()
