@@ -10,15 +10,19 @@ is not the reply to a request it hands up through a small interface, `Consumer` 
 messages, the subscriptions the router holds, answers whose delay passed), and a sink
 for signal messages.
 
-One exception, for the latency of a synchronous call with nothing else in flight
-(`call`): the caller takes the DEALER itself, sends its request and reads the socket
-until its reply comes, dispatching whatever else arrives meanwhile as the I/O thread
-would (leader/follower: docs/architecture.md, "The SDK client, inside"), so that the
-request and its reply pass through no other thread. Whoever uses the DEALER holds
-`_dealer_lock`, and reads the socket until it is empty before letting go: the socket's
-descriptor, which the I/O thread polls instead of the socket, signals only a change.
-When the I/O thread needs the socket a caller holds (requests queued, a ping, answers
-due, a refused handshake, close), it says so through a pipe and the caller lets go at
+Two exceptions, for latency (docs/architecture.md, "The SDK client, inside"). A
+synchronous call with nothing else in flight (`call`) takes the DEALER itself, sends
+its request and reads the socket until its reply comes, dispatching whatever else
+arrives meanwhile as the I/O thread would (leader/follower). A request sent without
+waiting, with fewer than `SENT_BY_CALLER_BELOW` in flight, is sent by its caller; the
+I/O thread reads its reply. Whoever uses the DEALER holds `_dealer_lock`, and leaves
+nothing unread unnoticed when it lets go (it reads the socket until it is empty, or an
+asynchronous sender, which runs no other request's callbacks, has the I/O thread read
+it): the socket's descriptor, which the I/O thread polls instead of the socket, signals
+only a change. The I/O thread polls it only
+when something may arrive that no caller reads (`_watch`), so that a reply wakes the
+caller alone. When it needs the socket a caller holds (requests queued, a ping, answers
+due, a refused handshake, close), it rings a pipe (`_wanted`) and the caller lets go at
 once, then waits for its reply like any other caller.
 
 The session is the transport's too: the hello's token and the hand-outs this client
