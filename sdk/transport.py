@@ -10,20 +10,17 @@ is not the reply to a request it hands up through a small interface, `Consumer` 
 messages, the subscriptions the router holds, answers whose delay passed), and a sink
 for signal messages.
 
-Two exceptions, for latency (docs/architecture.md, "The SDK client, inside"). A
+One exception, for latency (docs/architecture.md, "The SDK client, inside"): a
 synchronous call with nothing else in flight (`call`) takes the DEALER itself, sends
 its request and reads the socket until its reply comes, dispatching whatever else
-arrives meanwhile as the I/O thread would (leader/follower). A request sent without
-waiting, with fewer than `SENT_BY_CALLER_BELOW` in flight, is sent by its caller; the
-I/O thread reads its reply. Whoever uses the DEALER holds `_dealer_lock`, and leaves
-nothing unread unnoticed when it lets go (it reads the socket until it is empty, or an
-asynchronous sender, which runs no other request's callbacks, has the I/O thread read
-it): the socket's descriptor, which the I/O thread polls instead of the socket, signals
-only a change. The I/O thread polls it only
-when something may arrive that no caller reads (`_watch`), so that a reply wakes the
-caller alone. When it needs the socket a caller holds (requests queued, a ping, answers
-due, a refused handshake, close), it rings a pipe (`_wanted`) and the caller lets go at
-once, then waits for its reply like any other caller.
+arrives meanwhile as the I/O thread would (leader/follower). Whoever uses the DEALER
+holds `_dealer_lock`, and reads the socket until it is empty before letting go: the
+socket's descriptor, which the I/O thread polls instead of the socket, signals only a
+change. The I/O thread polls it only when something may arrive that no caller reads
+(`_watch`), so that a reply wakes the caller alone. When it needs the socket a caller
+holds (requests queued, a ping, answers due, a refused handshake, close), it rings a
+pipe (`_wanted`) and the caller lets go at once, then waits for its reply like any
+other caller.
 
 The session is the transport's too: the hello's token and the hand-outs this client
 holds (sdk/holdings.py). When a heartbeat's reply names another session (the router
@@ -69,10 +66,6 @@ def ping_interval(session_timeout_ms: Any) -> float:
 
 
 IO_POLL_MS = 200  # the I/O thread's longest sleep
-# Fewer requests than this in flight: a caller sends its request itself (send_request).
-# More are left to the I/O thread, which sends what callers queued together as one
-# batch frame (docs/performance.md, "100 in flight").
-SENT_BY_CALLER_BELOW = 4
 # A refusal, not a connection cut mid-handshake (NO_DETAIL: a router restarting).
 _REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 _numbers = itertools.count(1)  # names each transport's inproc socket uniquely
@@ -198,9 +191,7 @@ class Transport:
     ) -> Future:
         """Send one request; the future holds the result or the typed error (a Timeout
         when no reply comes within ``timeout``, default the transport's). ``on_reply``
-        runs on the I/O thread with a successful result before anything read after it.
-        With few requests in flight the caller sends it on the DEALER itself; the I/O
-        thread reads its reply."""
+        runs on the I/O thread with a successful result before anything read after it."""
         return self._submit(op, timeout, on_reply, fields, lead=False)[0]
 
     def call(self, op: str, *, timeout: float | None = None, **fields: Any) -> Any:
@@ -220,11 +211,10 @@ class Transport:
         *,
         lead: bool,
     ) -> tuple[Future, float | None]:
-        """Register a request and send it: on the DEALER itself when the socket is free,
-        nothing is queued before it and few are in flight (none when it is to ``lead``:
-        read its own reply), else through the I/O thread. Returns its future, and its
-        deadline when the caller still holds the DEALER (it must `_lead`, which lets
-        go)."""
+        """Register a request and send it: through the I/O thread, or, when ``lead`` and
+        the DEALER is free with nothing in flight or queued before it, on the DEALER
+        itself. Returns its future, and its deadline when the caller holds the DEALER
+        (it must `_lead`, which lets go)."""
         rid = next(self._rids)
         future: Future = Future()
         body = wire.encode_request(op, rid, **self._acting, **fields)[1]
@@ -233,9 +223,10 @@ class Transport:
             if self._closed:
                 raise Unavailable("client is closed")
             # Nothing queued before it may be overtaken (signals, requests of this
-            # thread); a leader reads no reply awaited by another.
-            own = (
-                len(self._futures) < (1 if lead else SENT_BY_CALLER_BELOW)
+            # thread), nor a reply awaited by another read here (the I/O thread's).
+            lead = (
+                lead
+                and not self._futures
                 and self._queued == self._taken
                 and self._dealer_lock.acquire(blocking=False)
             )
@@ -244,7 +235,7 @@ class Transport:
             if on_reply is not None:
                 self._on_reply[rid] = on_reply
             self._requests_sent += 1
-            if not own:
+            if not lead:
                 self._outbox.send(b"R" + rid.to_bytes(8, "big") + body)
                 self._queued += 1
                 return future, None
@@ -253,17 +244,12 @@ class Transport:
             send_parts(self._dealer, [wire.MAGIC, body], NOBLOCK)
         except zmq.ZMQError as exc:  # EAGAIN: the queue to an unreachable broker is full
             self._fail(rid, Unavailable(f"broker at {self.address} unreachable: {exc}"))
-            lead = False
-        if lead:
-            return future, deadline
-        # The send may have taken the signal of a message that came meanwhile: then the
-        # I/O thread is told to read (it does on any item), not this thread, which runs
-        # no other request's callbacks.
-        unread = self._dealer.poll(0, zmq.POLLIN)
-        self._release_dealer()
-        if unread:
-            self._to_io(b"D")
-        return future, None
+            try:
+                self._receive()
+            finally:
+                self._release_dealer()
+            return future, None
+        return future, deadline
 
     def _lead(self, future: Future, deadline: float) -> None:
         """(A caller holding the DEALER.) Read it until ``future`` is resolved, its
@@ -502,7 +488,7 @@ class Transport:
         if not self._dealer_lock.acquire(blocking=False):
             self._wanted.ring()
             self._dealer_lock.acquire()
-        self._wanted.clear()  # nobody else reads it
+            self._wanted.clear()  # nobody else reads it: empty whenever it is free
 
     def _let_go(self) -> None:
         """Read what waits on the DEALER, then let another thread use it. Its descriptor
@@ -593,8 +579,7 @@ class Transport:
                 self._sub.connect(item[1:].decode())
             elif kind == b"S":  # subscribe the signal socket to a prefix
                 self._sub.setsockopt(zmq.SUBSCRIBE, item[1:])
-            # b"A": answers wait; the loop sets its next wake-up by their deadline.
-            # b"D": the DEALER has something to read (read when the DEALER is let go).
+            # b"A": answers wait; the loop sets its next wake-up by their deadline
         self._send(rids, bodies)
         return taken
 
