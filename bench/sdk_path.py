@@ -1,13 +1,17 @@
 """The SDK's own share of a synchronous publish, 1 in flight: what it adds to the same
 request on a bare DEALER, and where in the SDK that time goes.
 
-    python -m bench.sdk_path [--rounds N] [--block N] [--stages N]
+    python -m bench.sdk_path [--rounds N] [--block N] [--stages N] [--stand-in]
 
 Starts a broker (2 shards, real processes, a home of its own). Then, ``--rounds``
 times, ``--block`` publishes through `Client.publish` and as many of the same request
 (same subject, payload and sender) on a bare DEALER that sends and reads itself: the
 median of each and their difference is the SDK's cost (its threads, futures, the
-reply's conversion), measured in the same minutes as the broker's own time. Then
+reply's conversion), measured in the same minutes as the broker's own time, and the
+CPU time of this process per publish (all its threads: the SDK's and ZeroMQ's). With
+``--stand-in``, no broker: a process that answers every request at once, the same
+for both (no disk, no policy), so the figures are the SDK's and ZeroMQ's alone and
+do not move with the disk. Then
 ``--stages`` publishes, each after 5 ms of sleep (every thread asleep, as in the
 bench's handler row), with timestamps taken by wrapping the SDK's functions from
 outside: the median time of each stage. A measurement: nothing is asserted.
@@ -16,6 +20,8 @@ outside: the median time of each stage. A measurement: nothing is asserted.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 import statistics
 import tempfile
 import time
@@ -32,13 +38,15 @@ from tests.harness import Broker
 
 SUBJECT, SENDER = "relay.agent.bench.path", "relay.agent.bench.producer"
 PAYLOAD = {"content": "x" * 300, "performative": "inform"}
+# Marks taken along a publish, in order; a stage ends at its mark and starts at the
+# previous one the publish passed (a caller that sends its request itself passes no
+# "io_woke").
 STAGES = {
-    "caller: publish() until queued for the I/O thread": "queued",
-    "I/O thread wakes and takes it": "io_woke",
-    "I/O thread: sent on the DEALER": "on_dealer",
-    "broker: router, writer, router (until the I/O thread reads)": "io_read",
-    "I/O thread: reply decoded, futures resolved": "taken",
-    "caller wakes, publish() returns": "caller",
+    "I/O thread wakes and takes the request (its path only)": "io_woke",
+    "the request is sent on the DEALER": "on_dealer",
+    "broker: router, writer, router (until the reply is read)": "read",
+    "reply decoded, futures resolved": "taken",
+    "publish() returns": "caller",
 }
 
 
@@ -51,20 +59,39 @@ def sdk_cost(client: Client, rounds: int, block: int) -> dict[str, float]:
     fields: dict[str, Any] = {"subject": SUBJECT, "payload": PAYLOAD, "from": SENDER}
     through_sdk: list[float] = []
     on_bare: list[float] = []
+    sdk_cpu: list[float] = []
+    bare_cpu: list[float] = []
     for n in range(rounds):
+        cpu = _cpu_us()
         for _ in range(block):
             t0 = time.perf_counter_ns()
             client.publish(SUBJECT, PAYLOAD, sender=SENDER)
             through_sdk.append((time.perf_counter_ns() - t0) / 1000)
+        sdk_cpu.append((_cpu_us() - cpu) / block)
+        cpu = _cpu_us()
         for k in range(block):
             t0 = time.perf_counter_ns()
             bare.send_multipart(wire.encode_request("publish", 2 + n * block + k, **fields))
             (reply,) = wire.decode_incoming_all(bare.recv_multipart())
             on_bare.append((time.perf_counter_ns() - t0) / 1000)
             assert isinstance(reply, wire.Reply) and reply.ok, reply
+        bare_cpu.append((_cpu_us() - cpu) / block)
     bare.close(0)
     sdk_p50, bare_p50 = statistics.median(through_sdk), statistics.median(on_bare)
-    return {"sdk p50": sdk_p50, "bare p50": bare_p50, "SDK's cost": sdk_p50 - bare_p50}
+    return {
+        "sdk p50": sdk_p50,
+        "bare p50": bare_p50,
+        "SDK's cost": sdk_p50 - bare_p50,
+        "sdk CPU per publish (this process)": statistics.median(sdk_cpu),
+        "bare CPU per publish (this process)": statistics.median(bare_cpu),
+    }
+
+
+def _cpu_us() -> float:
+    """This process's CPU time so far, all threads, µs (in clock ticks: use blocks of
+    a hundred publishes or more)."""
+    times = os.times()
+    return (times.user + times.system) * 1e6
 
 
 def stages(client: Client, count: int) -> dict[str, float]:
@@ -85,17 +112,20 @@ def stages(client: Client, count: int) -> dict[str, float]:
 
         setattr(cls, name, wrapped)
 
-    mark(transport.Transport, "send_request", "queued", after=True)
     mark(transport.Transport, "_forward", "io_woke", after=False)
-    mark(transport.Transport, "_receive", "io_read", after=False)
     mark(transport.Transport, "_take", "taken", after=True)
-    send_parts = transport.send_parts
+    send_parts, decode = transport.send_parts, wire.decode_incoming_all
 
     def sent(sock: zmq.Socket, parts: Any, flags: int = 0, copy: bool = True) -> None:
         send_parts(sock, parts, flags, copy)
         marks.setdefault("on_dealer", now())
 
+    def read(frames: Any) -> Any:
+        marks.setdefault("read", now())
+        return decode(frames)
+
     transport.send_parts = sent  # type: ignore[assignment]
+    wire.decode_incoming_all = read  # type: ignore[assignment]
     spans: dict[str, list[float]] = {label: [] for label in STAGES.values()}
     for _ in range(count):
         time.sleep(0.005)
@@ -105,9 +135,36 @@ def stages(client: Client, count: int) -> dict[str, float]:
         marks["caller"] = now()
         previous = start
         for label in spans:
-            spans[label].append((marks[label] - previous) / 1000)
-            previous = marks[label]
-    return {name: statistics.median(spans[label]) for name, label in STAGES.items()}
+            if label in marks:
+                spans[label].append((marks[label] - previous) / 1000)
+                previous = marks[label]
+    return {
+        f"{name} [{len(spans[label])}]": statistics.median(spans[label])
+        for name, label in STAGES.items()
+        if spans[label]
+    }
+
+
+def stand_in(address: str) -> None:
+    """A router that answers every request at once: hello and ping as a router would
+    (batches, a session), anything else as a stored publish. Runs until killed."""
+    sock = zmq.Context().socket(zmq.ROUTER)
+    sock.bind(address)
+    session = {"session": "stand-in", "batch": wire.MAX_BATCH, "subs": []}
+    session |= {"sessionTimeoutMs": 5000, "signals": f"{address}-signals"}
+    stored = {"messageId": "01JDQ3ZV9R6Q4W1T3M00000000", "deliveredTo": 1, "rejected": []}
+    stored |= {"mailboxPressure": {"0123456789ab": 0.001}, "details": {}}
+    while True:
+        peer, _magic, body = sock.recv_multipart()
+        requests = wire.unpackb(body)
+        many = isinstance(requests, list)
+        replies = [
+            wire.ok_body(r["rid"], session if r["op"] in ("hello", "ping") else stored)
+            for r in (requests if many else [requests])
+            if r.get("reply", True)
+        ]
+        if replies:
+            sock.send_multipart([peer, wire.MAGIC, wire.batch(replies) if many else replies[0]])
 
 
 def main() -> None:
@@ -115,25 +172,42 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--block", type=int, default=100)
     parser.add_argument("--stages", type=int, default=200)
+    parser.add_argument("--stand-in", action="store_true", help="no broker: see above")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="relay-sdk-path-"))
+    if args.stand_in:
+        address = f"ipc://{home}/stand-in.sock"
+        process = multiprocessing.get_context("spawn").Process(
+            target=stand_in, args=(address,), daemon=True
+        )
+        process.start()
+        try:
+            measure(Client(address), args)
+        finally:
+            process.kill()
+            remove_when_done(home)
+        return
     broker = Broker(shards=2, home=home)
     broker.start()
     try:
         client = broker.client()
         client.register_endpoint(SUBJECT)
-        for _ in range(100):  # warm every path
-            client.publish(SUBJECT, PAYLOAD, sender=SENDER)
-        for name, value in {**sdk_cost(client, args.rounds, args.block)}.items():
-            print(f"{name:60s} {value:8.1f} µs")
-        if args.stages:
-            print("stages, each publish after 5 ms asleep (median):")
-            for name, value in stages(client, args.stages).items():
-                print(f"  {name:58s} {value:8.1f} µs")
-        client.close()
+        measure(client, args)
     finally:
         stop_broker(broker)
         remove_when_done(home)
+
+
+def measure(client: Client, args: argparse.Namespace) -> None:
+    for _ in range(100):  # warm every path
+        client.publish(SUBJECT, PAYLOAD, sender=SENDER)
+    for name, value in sdk_cost(client, args.rounds, args.block).items():
+        print(f"{name:60s} {value:8.1f} µs")
+    if args.stages:
+        print("stages, each publish after 5 ms asleep (median):")
+        for name, value in stages(client, args.stages).items():
+            print(f"  {name:58s} {value:8.1f} µs")
+    client.close()
 
 
 if __name__ == "__main__":

@@ -144,17 +144,8 @@ class Client:
     ) -> Future:
         """Publish without waiting; the future resolves to a PublishResult (or a
         Timeout after ``timeout`` seconds, default the client's)."""
-        if isinstance(payload, StandardPayload):
-            payload = payload.to_wire()
-        fields: dict[str, Any] = {"subject": subject, "from": sender, "payload": payload}
-        if reply_to is not None:
-            fields["replyTo"] = reply_to
-        if budget is not None:
-            fields["budget"] = budget.to_wire()
-        if parent_id is not None:
-            fields["parentId"] = parent_id
-        raw = self.send_request("publish", timeout=timeout, **fields)
-        return _publish_result(raw)
+        fields = _publish_fields(subject, payload, sender, reply_to, budget, parent_id)
+        return _publish_result(self.send_request("publish", timeout=timeout, **fields))
 
     def publish(
         self,
@@ -166,10 +157,9 @@ class Client:
         budget: Budget | None = None,
         timeout: float | None = None,
     ) -> PublishResult:
-        future = self.publish_async(
-            subject, payload, sender=sender, reply_to=reply_to, budget=budget, timeout=timeout
-        )
-        return self._wait(future, "publish", timeout)
+        fields = _publish_fields(subject, payload, sender, reply_to, budget, None)
+        # A call, not a future: alone in flight, the caller reads its own reply.
+        return PublishResult.from_wire(self._call("publish", timeout=timeout, **fields))
 
     def request(
         self,
@@ -332,23 +322,16 @@ class Client:
         calls ``ack()``, ``nack(reason)`` (both confirmed), or ``ack_wait`` seconds pass
         without an answer or ``in_progress()``; if the client dies first, it is handed
         out again."""
-        return self._wait(
-            self.fetch_async(pattern, batch=batch, wait=wait, ack_wait=ack_wait),
-            "fetch",
-            self.timeout + wait,
-        )
+        fields = _fetch_fields(pattern, batch, wait, ack_wait)
+        # A call, not a future: alone in flight, the caller reads its own reply.
+        reply = self._call("fetch", timeout=self.timeout + wait, **fields)
+        return self._held_messages(reply["messages"], fields.get("ackWait"))
 
     def fetch_async(
         self, pattern: str, *, batch: int = 10, wait: float = 0.0, ack_wait: float | None = None
     ) -> Future:
         """`fetch` without waiting; the future resolves to the list of messages."""
-        fields: dict[str, Any] = {
-            "pattern": subjects.validate(pattern, wildcards=True),
-            "batch": batch,
-            "wait": _ms(wait, "wait", minimum=0),
-        }
-        if ack_wait is not None:
-            fields["ackWait"] = _ms(ack_wait, "ack_wait")
+        fields = _fetch_fields(pattern, batch, wait, ack_wait)
         raw = self.send_request("fetch", timeout=self.timeout + wait, **fields)
         fetched: Future = Future()
 
@@ -588,6 +571,39 @@ def _ms(seconds: float, name: str, *, minimum: int = 1) -> int:
     if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds < 0:
         raise InvalidMessage(f"{name} must be a number of seconds >= 0, got {seconds!r}")
     return max(minimum, round(seconds * 1000))
+
+
+def _publish_fields(
+    subject: str,
+    payload: Any,
+    sender: str,
+    reply_to: str | None,
+    budget: Budget | None,
+    parent_id: str | None,
+) -> dict[str, Any]:
+    """The fields of a ``publish`` request."""
+    if isinstance(payload, StandardPayload):
+        payload = payload.to_wire()
+    fields: dict[str, Any] = {"subject": subject, "from": sender, "payload": payload}
+    if reply_to is not None:
+        fields["replyTo"] = reply_to
+    if budget is not None:
+        fields["budget"] = budget.to_wire()
+    if parent_id is not None:
+        fields["parentId"] = parent_id
+    return fields
+
+
+def _fetch_fields(pattern: str, batch: int, wait: float, ack_wait: float | None) -> dict[str, Any]:
+    """The fields of a ``fetch`` request."""
+    fields: dict[str, Any] = {
+        "pattern": subjects.validate(pattern, wildcards=True),
+        "batch": batch,
+        "wait": _ms(wait, "wait", minimum=0),
+    }
+    if ack_wait is not None:
+        fields["ackWait"] = _ms(ack_wait, "ack_wait")
+    return fields
 
 
 def _publish_result(raw: Future) -> Future:

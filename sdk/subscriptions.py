@@ -124,6 +124,9 @@ class Subscriptions:
             self._connection.holding(delivery.id, delivery.endpoint, delivery.deliveries, ack_wait)
         worker.queue.put(delivery)
 
+    def expects_pushes(self) -> bool:
+        return bool(self.workers or self._starting)
+
     def router_holds(self, subs: set[int]) -> None:
         """One of ours missing from the router's list means it restarted or ended our
         silent session: subscribe again (on another thread: this is the I/O thread)."""

@@ -2,13 +2,25 @@
 thread, the requests in flight with their deadlines, and the session.
 
 Calling threads hand requests to the I/O thread through an inproc socket
-(`send_request`) and wait on a future with a deadline (`wait`). The I/O thread alone
-owns the sockets (a DEALER to the router, a SUB for signals): it forwards what callers
-queued, as batch frames when the broker takes them, takes replies and pushed messages,
-pings every `HEARTBEAT_S`, and fails requests past their deadline or refused at the
-handshake. What is not the reply to a request it hands up through a small interface,
-`Consumer` (pushed messages, the subscriptions the router holds, answers whose delay
-passed), and a sink for signal messages.
+(`send_request`) and wait on a future with a deadline (`wait`). The I/O thread owns the
+sockets (a DEALER to the router, a SUB for signals): it forwards what callers queued, as
+batch frames when the broker takes them, takes replies and pushed messages, pings every
+`HEARTBEAT_S`, and fails requests past their deadline or refused at the handshake. What
+is not the reply to a request it hands up through a small interface, `Consumer` (pushed
+messages, the subscriptions the router holds, answers whose delay passed), and a sink
+for signal messages.
+
+One exception, for latency (docs/architecture.md, "The SDK client, inside"): a
+synchronous call with nothing else in flight (`call`) takes the DEALER itself, sends
+its request and reads the socket until its reply comes, dispatching whatever else
+arrives meanwhile as the I/O thread would (leader/follower). Whoever uses the DEALER
+holds `_dealer_lock`, and reads the socket until it is empty before letting go: the
+socket's descriptor, which the I/O thread polls instead of the socket, signals only a
+change. The I/O thread polls it only when something may arrive that no caller reads
+(`_watch`), so that a reply wakes the caller alone. When it needs the socket a caller
+holds (requests queued, a ping, answers due, a refused handshake, close), it rings a
+pipe (`_wanted`) and the caller lets go at once, then waits for its reply like any
+other caller.
 
 The session is the transport's too: the hello's token and the hand-outs this client
 holds (sdk/holdings.py). When a heartbeat's reply names another session (the router
@@ -25,7 +37,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Protocol
@@ -69,6 +81,9 @@ class Consumer(Protocol):
     def pushed(self, push: wire.Push) -> None:
         """A message pushed for a subscription."""
 
+    def expects_pushes(self) -> bool:
+        """Messages may be pushed to us (a subscription lives or is being made)."""
+
     def router_holds(self, subs: set[int]) -> None:
         """A heartbeat's reply: the ids of the subscriptions the router holds for us."""
 
@@ -102,6 +117,18 @@ class Transport:
         self._deadlines: dict[int, float] = {}  # rid -> time.monotonic() deadline
         self._on_reply: dict[int, ReplyHook] = {}  # rid -> run on the I/O thread first
         self._lock = threading.Lock()  # sends to the I/O thread; never taken by it
+        # Whoever holds it may use the DEALER: the I/O thread, or a caller leading (`call`).
+        self._dealer_lock = threading.Lock()
+        # Rung by the I/O thread when it waits for the DEALER a caller holds.
+        self._wanted = Bell()
+        # Rung by a caller that lets go of the DEALER while the I/O thread does not poll
+        # it (`_io_blind`) and something may come that nobody else reads: the I/O
+        # thread then looks again whether to poll it (`_poll_dealer`).
+        self._look = Bell()
+        self._io_blind = False
+        self._ping_out = False  # a ping's reply is awaited (by the I/O thread)
+        self._queued = 0  # items callers put on the inproc queue (under _lock)
+        self._taken = 0  # items the I/O thread took from it (by it alone)
         self._closed = False
         outbox_addr = f"inproc://relay-client-{next(_numbers)}"
         self._outbox_in = self._ctx.socket(zmq.PULL)
@@ -165,23 +192,96 @@ class Transport:
         """Send one request; the future holds the result or the typed error (a Timeout
         when no reply comes within ``timeout``, default the transport's). ``on_reply``
         runs on the I/O thread with a successful result before anything read after it."""
+        return self._submit(op, timeout, on_reply, fields, lead=False)[0]
+
+    def call(self, op: str, *, timeout: float | None = None, **fields: Any) -> Any:
+        """One request and its result (or typed error) within the deadline. With nothing
+        else in flight or queued, the caller sends it and reads its reply itself."""
+        future, deadline = self._submit(op, timeout, None, fields, lead=True)
+        if deadline is not None:
+            self._lead(future, deadline)
+        return self.wait(future, op, timeout)
+
+    def _submit(
+        self,
+        op: str,
+        timeout: float | None,
+        on_reply: ReplyHook | None,
+        fields: dict[str, Any],
+        *,
+        lead: bool,
+    ) -> tuple[Future, float | None]:
+        """Register a request and send it: through the I/O thread, or, when ``lead`` and
+        the DEALER is free with nothing in flight or queued before it, on the DEALER
+        itself. Returns its future, and its deadline when the caller holds the DEALER
+        (it must `_lead`, which lets go)."""
         rid = next(self._rids)
         future: Future = Future()
         body = wire.encode_request(op, rid, **self._acting, **fields)[1]
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         with self._lock:  # close() takes it too: no send on a closed socket
             if self._closed:
                 raise Unavailable("client is closed")
+            # Nothing queued before it may be overtaken (signals, requests of this
+            # thread), nor a reply awaited by another read here (the I/O thread's).
+            lead = (
+                lead
+                and not self._futures
+                and self._queued == self._taken
+                and self._dealer_lock.acquire(blocking=False)
+            )
             self._futures[rid] = future
-            self._deadlines[rid] = time.monotonic() + (self.timeout if timeout is None else timeout)
+            self._deadlines[rid] = deadline
             if on_reply is not None:
                 self._on_reply[rid] = on_reply
-            self._outbox.send(b"R" + rid.to_bytes(8, "big") + body)
             self._requests_sent += 1
-        return future
+            if not lead:
+                self._outbox.send(b"R" + rid.to_bytes(8, "big") + body)
+                self._queued += 1
+                return future, None
+        # Requests queued from here on wait for the DEALER: this one leaves first.
+        try:
+            send_parts(self._dealer, [wire.MAGIC, body], NOBLOCK)
+        except zmq.ZMQError as exc:  # EAGAIN: the queue to an unreachable broker is full
+            self._fail(rid, Unavailable(f"broker at {self.address} unreachable: {exc}"))
+            try:
+                self._receive()
+            finally:
+                self._release_dealer()
+            return future, None
+        return future, deadline
 
-    def call(self, op: str, *, timeout: float | None = None, **fields: Any) -> Any:
-        """One request and its result (or typed error) within the deadline."""
-        return self.wait(self.send_request(op, timeout=timeout, **fields), op, timeout)
+    def _lead(self, future: Future, deadline: float) -> None:
+        """(A caller holding the DEALER.) Read it until ``future`` is resolved, its
+        deadline passes, or the I/O thread wants the socket; then let go. What arrives
+        for others is dispatched as the I/O thread would."""
+        try:
+            self._receive()  # a reply may have come during the send
+            while not future.done() and not self._closed:
+                left_ms = math.ceil((deadline - time.monotonic()) * 1000)
+                if left_ms <= 0:
+                    return
+                ready = zmq.zmq_poll(
+                    [(self._dealer, zmq.POLLIN), (self._wanted.r, zmq.POLLIN)],
+                    min(left_ms, IO_POLL_MS),
+                )
+                self._receive()  # first: a reply that came with the I/O thread's call
+                if any(item == self._wanted.r for item, _ in ready):
+                    return
+        finally:
+            self._release_dealer()
+
+    def _release_dealer(self) -> None:
+        """(A caller) Let go of the DEALER, read empty. An I/O thread that does not poll
+        it is told to look again if something may come that it must read."""
+        self._dealer_lock.release()
+        if self._io_blind and self._watch():  # read after the release: _poll_dealer
+            self._look.ring()
+
+    def _watch(self) -> bool:
+        """Something may arrive on the DEALER that no caller reads: a reply awaited, a
+        ping's, or a pushed message."""
+        return bool(self._futures) or self._ping_out or self._consumer.expects_pushes()
 
     def wait(self, future: Future, op: str, timeout: float | None = None) -> Any:
         """The future's result within ``timeout`` (default the transport's), or a typed
@@ -209,6 +309,7 @@ class Transport:
             except BaseException:
                 self._quiet.withdraw_last()  # no marker would ever take it
                 raise
+            self._queued += 1
 
     def listen_signals(self, address: str) -> None:
         """Connect the signals socket to the router's."""
@@ -227,6 +328,7 @@ class Transport:
         with self._lock:
             if not self._closed:
                 self._outbox.send(item)
+                self._queued += 1
 
     def holding(
         self, message_id: str, endpoint: str, deliveries: int, ack_wait_ms: int | None
@@ -247,6 +349,9 @@ class Transport:
         self._quiet.close()
         if self._io.ident is not None:
             self._io.join(2)
+        else:  # never started: the pipes are ours to close
+            self._wanted.close()
+            self._look.close()
         self._outbox.close(0)
         for future in list(self._futures.values()):
             if not future.done():
@@ -276,21 +381,25 @@ class Transport:
     # ------------------------------------------------------------------ the I/O thread
 
     def _open_dealer(self, poller: zmq.Poller) -> tuple[zmq.Socket, zmq.Socket]:
-        """A DEALER to the router, and the monitor that reports a refused handshake."""
+        """A DEALER to the router, and the monitor that reports a refused handshake. The
+        I/O thread polls the DEALER's descriptor, not the socket: a caller may be using
+        the socket meanwhile (`_lead`)."""
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         if self._curve is not None:
             self._curve.apply(dealer)
         refusals = dealer.get_monitor_socket(_REFUSED)
         dealer.connect(self.address)
-        poller.register(dealer, zmq.POLLIN)
+        self._dealer_fd = dealer.getsockopt(zmq.FD)
+        poller.register(self._dealer_fd, zmq.POLLIN)
+        self._dealer_polled = True
         poller.register(refusals, zmq.POLLIN)
         return dealer, refusals
 
-    @staticmethod
-    def _close_dealer(poller: zmq.Poller, dealer: zmq.Socket, refusals: zmq.Socket) -> None:
-        for sock in (dealer, refusals):
-            poller.unregister(sock)
+    def _close_dealer(self, poller: zmq.Poller, dealer: zmq.Socket, refusals: zmq.Socket) -> None:
+        if self._dealer_polled:  # not while blind (_poll_dealer)
+            poller.unregister(self._dealer_fd)
+        poller.unregister(refusals)
         dealer.disable_monitor()
         refusals.close(0)
         dealer.close(0)
@@ -304,25 +413,35 @@ class Transport:
             self._curve.apply(self._sub)
         poller.register(self._outbox_in, zmq.POLLIN)
         poller.register(self._sub, zmq.POLLIN)
+        poller.register(self._look.r, zmq.POLLIN)
         self._io_ready.set()
         next_ping = time.monotonic() + self._ping_every
         wait_ms = IO_POLL_MS
         try:
             while not self._closed:
+                self._poll_dealer(poller)
                 for sock, _ in poller.poll(wait_ms):
-                    if sock is self._outbox_in:
-                        self._forward()
-                    elif sock is self._dealer:
-                        self._receive()
+                    if sock == self._look.r:
+                        self._look.clear()
+                    elif sock is self._outbox_in:
+                        with self._holding_dealer():
+                            self._forward()
                     elif sock is refusals:
                         self._refuse(recv_monitor_message(refusals))
                         # A fresh socket: the refused one would send what it queued
                         # if a later handshake passed, after we reported it failed.
-                        self._close_dealer(poller, self._dealer, refusals)
-                        self._dealer, refusals = self._open_dealer(poller)
+                        self._take_dealer()
+                        try:
+                            self._close_dealer(poller, self._dealer, refusals)
+                            self._dealer, refusals = self._open_dealer(poller)
+                        finally:
+                            self._dealer_lock.release()
                         break
-                    else:
+                    elif sock is self._sub:
                         self._receive_signals()
+                    else:  # the DEALER's descriptor: read it (on letting go)
+                        with self._holding_dealer():
+                            pass
                 # Always, not only while subscribed: a message being handled after an
                 # unsubscribe can still be acknowledged only by a live session.
                 now = time.monotonic()
@@ -330,30 +449,79 @@ class Transport:
                 wait_s = IO_POLL_MS / 1000 if due is None else min(IO_POLL_MS / 1000, due - now)
                 wait_ms = max(1, math.ceil(wait_s * 1000))
                 if now >= next_ping:
-                    with contextlib.suppress(zmq.Again):  # never block the I/O thread
+                    with self._holding_dealer(), contextlib.suppress(zmq.Again):
+                        # NOBLOCK: never block the I/O thread
                         self._dealer.send_multipart(
                             wire.encode_request("ping", 0, batch=True), zmq.NOBLOCK
                         )
+                        self._ping_out = True
                     next_ping = now + self._ping_every
                     self._expire(now)
         finally:
+            self._take_dealer()  # a caller leading lets go first
             self._close_dealer(poller, self._dealer, refusals)
             self._sub.close(0)
             self._outbox_in.close(0)
+            self._wanted.close()
+            self._look.close()
+
+    def _poll_dealer(self, poller: zmq.Poller) -> None:
+        """Poll the DEALER's descriptor only when something may arrive that no caller
+        reads (`_watch`): so a client that only calls, one call at a time, wakes no
+        other thread on its replies. Not while a caller holds the socket either: it
+        reads the socket itself, and rings `_look` when it lets go if something is left
+        to watch. Blind first, the lock and what to watch read second (a caller: its
+        future registered and the lock released first, blind read second), so that
+        one of the two sees the other and no arrival goes unread."""
+        self._io_blind = True
+        blind = not self._watch() or self._dealer_lock.locked()
+        self._io_blind = blind
+        if blind == self._dealer_polled:
+            if blind:
+                poller.unregister(self._dealer_fd)
+            else:
+                poller.register(self._dealer_fd, zmq.POLLIN)
+            self._dealer_polled = not blind
+
+    def _take_dealer(self) -> None:
+        """(I/O thread) Take the DEALER; a caller holding it is told to let go."""
+        if not self._dealer_lock.acquire(blocking=False):
+            self._wanted.ring()
+            self._dealer_lock.acquire()
+            self._wanted.clear()  # nobody else reads it: empty whenever it is free
+
+    def _let_go(self) -> None:
+        """Read what waits on the DEALER, then let another thread use it. Its descriptor
+        signals only a change, so a socket left with something unread would never wake
+        the I/O thread again for what follows."""
+        try:
+            self._receive()
+        finally:
+            self._dealer_lock.release()
+
+    @contextlib.contextmanager
+    def _holding_dealer(self) -> Iterator[None]:
+        """(I/O thread) The DEALER, for sends and reads, left empty."""
+        self._take_dealer()
+        try:
+            yield
+        finally:
+            self._let_go()
 
     def _send_now(self, requests: list[Request]) -> None:
         """Send requests whose replies nobody waits for (answers whose delay passed)
         straight on the DEALER, without the lock: a caller blocked on the full queue to
         this thread may hold it. What callers queued before is forwarded first, so an
         ack never overtakes its handler's reply or publish."""
-        while self._forward() == wire.MAX_BATCH:
-            pass
-        rids = [next(self._rids) for _ in requests]  # no future: their replies are dropped
-        bodies = [
-            wire.encode_request(op, rid, **self._acting, **fields)[1]
-            for rid, (op, fields) in zip(rids, requests, strict=True)
-        ]
-        self._send(rids, bodies)
+        with self._holding_dealer():
+            while self._forward() == wire.MAX_BATCH:
+                pass
+            rids = [next(self._rids) for _ in requests]  # no future: replies are dropped
+            bodies = [
+                wire.encode_request(op, rid, **self._acting, **fields)[1]
+                for rid, (op, fields) in zip(rids, requests, strict=True)
+            ]
+            self._send(rids, bodies)
 
     def _expire(self, now: float) -> None:
         """Fail the requests whose deadline passed: no future waits forever, not even
@@ -396,6 +564,7 @@ class Transport:
             except zmq.Again:
                 break
             taken += 1
+            self._taken += 1  # under the DEALER's lock: a caller leads only once it is sent
             kind = item[:1]
             if kind == b"R":  # a request: 8 bytes of rid, then the body
                 rid = int.from_bytes(item[1:9], "big")
@@ -455,6 +624,7 @@ class Transport:
             self._consumer.pushed(incoming)
             return
         if incoming.rid == 0:  # the heartbeat's (a signal sent without reply has none)
+            self._ping_out = False
             if incoming.ok:
                 self._heartbeat(incoming.result)
             return
@@ -495,6 +665,27 @@ class Transport:
                 break
         if arrived:
             self._signals(arrived)
+
+
+class Bell:
+    """A pipe one thread rings and another polls: thread-safe, as a ZeroMQ socket is not."""
+
+    def __init__(self) -> None:
+        self.r, self._w = os.pipe()
+        os.set_blocking(self.r, False)
+        os.set_blocking(self._w, False)
+
+    def ring(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # full: rung already
+            os.write(self._w, b"!")
+
+    def clear(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(self.r, 4096)
+
+    def close(self) -> None:
+        os.close(self.r)
+        os.close(self._w)
 
 
 def _client_name() -> str:

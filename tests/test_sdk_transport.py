@@ -1,0 +1,98 @@
+"""The transport's leader/follower (sdk/transport.py): a synchronous call alone in flight
+sends its request and reads its reply on the caller's thread, and lets go of the socket
+when the I/O thread needs it. Against real router and writer processes."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from sdk import wire
+from sdk.transport import Request, Transport
+from tests.harness import wait_for
+
+pytestmark = pytest.mark.integration
+
+A = "relay.agent.leader.a"
+B = "relay.agent.leader.b"
+SENDER = "relay.agent.leader.cli"
+
+
+class StuckIoThread:
+    """A `Consumer` whose `answers_due`, which the I/O thread calls on every turn of its
+    loop, holds that thread once armed: it then sends and reads nothing."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.stuck = threading.Event()
+        self.release = threading.Event()
+
+    def pushed(self, push: wire.Push) -> None:
+        pass
+
+    def router_holds(self, subs: set[int]) -> None:
+        pass
+
+    def expects_pushes(self) -> bool:
+        return False
+
+    def answers_due(self, now: float, send: Callable[[list[Request]], None]) -> float | None:
+        if self.armed:
+            self.stuck.set()
+            self.release.wait(30)
+        return None
+
+
+def test_a_call_alone_in_flight_is_answered_while_the_io_thread_is_busy(broker):
+    """Given the I/O thread held elsewhere, when a caller makes a call with nothing else
+    in flight, then it is answered: the caller sent it and read its reply itself."""
+    io_thread = StuckIoThread()
+    transport = Transport(broker.home.router_address, timeout=3, quiet_limit=10)
+    transport.open(io_thread, lambda messages: None)
+    try:
+        io_thread.armed = True
+        wait_for(io_thread.stuck.is_set, what="the I/O thread held")
+        assert "endpoints" in transport.call("endpoints")
+    finally:
+        io_thread.release.set()
+        transport.close()
+
+
+def _waiting_fetch(client: Any) -> tuple[threading.Thread, list[Any]]:
+    """A fetch on A that waits up to 10 s, on a thread of its own, once it holds the
+    client's socket (nothing waits on A, and nothing else is in flight)."""
+    fetched: list[Any] = []
+    thread = threading.Thread(target=lambda: fetched.append(client.fetch(A, wait=10)))
+    thread.start()
+    lock = client._transport._dealer_lock
+    wait_for(lambda: lock.locked() and client._transport._futures, what="the fetch leading")
+    return thread, fetched
+
+
+def test_a_caller_waiting_on_the_socket_lets_other_callers_through(broker):
+    """Given a caller reading the socket for a long fetch, when another thread publishes,
+    then its publish is answered while the fetch still waits."""
+    client = broker.client()
+    for subject in (A, B):
+        client.register_endpoint(subject)
+    thread, fetched = _waiting_fetch(client)
+    assert client.publish(B, 1, sender=SENDER).delivered_to == 1
+    assert thread.is_alive() and not fetched  # the fetch still waits
+    message_id = client.publish(A, 2, sender=SENDER).message_id
+    thread.join(10)
+    assert [m.id for m in fetched[0]] == [message_id]
+
+
+def test_pings_leave_while_a_caller_waits_on_the_socket(broker):
+    """Given a router that ends a session silent for 1 s, when a caller reads the socket
+    for 2 s, then the client's pings still leave: the router kept its session."""
+    client = broker.client()
+    client.register_endpoint(A)
+    client.set_config({"delivery": {"sessionTimeoutMs": 1000}})
+    wait_for(lambda: client._transport._ping_every <= 0.25, what="pings every 250 ms")
+    session = client._transport.session
+    assert client.fetch(A, wait=2) == []  # nothing else in flight: it leads
+    assert client._transport.call("ping")["session"] == session
