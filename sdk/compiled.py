@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import sys
@@ -115,9 +116,27 @@ def in_use() -> bool:
             stacklevel=3,  # the package whose import asked
         )
         return False
-    if str(BUILD) not in sys.path:
-        sys.path.append(str(BUILD))  # where the shared library GROUP is imported from
+    _load_group()
     return True
+
+
+def _load_group() -> None:
+    """Import the shared library the compiled units need (``<GROUP>__mypyc``) from its
+    file. Not by putting the build on sys.path: its folders (broker/, sdk/, workers/)
+    hold no __init__.py, and where the checkout itself is off sys.path (the `relay`
+    command of an editable install) the import system would take them for namespace
+    packages and shadow the real ones."""
+    name = f"{GROUP}__mypyc"
+    if name in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(
+        name, BUILD / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    )
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {name} from {BUILD}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
 
 
 def search_path(package: str, path: list[str]) -> list[str]:

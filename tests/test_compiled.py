@@ -94,6 +94,29 @@ def test_a_current_build_runs_the_units_compiled():
     assert all(Path(p).is_relative_to(compiled.BUILD) for p in where.split()), where
 
 
+@pytest.mark.skipif(
+    compiled.stale_units(compiled.BUILD, compiled.ROOT) != [], reason="no current build"
+)
+def test_the_installed_relay_command_finds_the_packages_not_the_builds_folders(tmp_path):
+    """The `relay` console script runs with the checkout off sys.path (the editable
+    install's finder maps the packages): the build's folders, which hold no
+    __init__.py, must never be taken for the packages (`make run` broke on that)."""
+    code = (
+        "import sdk, broker.router; "  # sdk first: it decides on the build
+        "print(broker.__file__, hasattr(broker.router, 'main'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**os.environ, "RELAY_PURE": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.split() == [str(ROOT / "broker" / "__init__.py"), "True"], done.stdout
+
+
 @pytest.mark.parametrize("pure", ["1", ""], ids=["pure", "compiled-if-built"])
 def test_the_publish_path_runs_in_process(pure):
     """bench.publish_cost drives the router's units through whole publishes (request,
