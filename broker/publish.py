@@ -103,7 +103,7 @@ class PublishPlan(NamedTuple):
     @property
     def stores_something(self) -> bool:
         """Whether any copy goes to a new/ (what the rate limiter counts)."""
-        return any(c.dead is None and c.refusal is None for c in self.copies)
+        return any(c.delivered for c in self.copies)
 
     @property
     def writes(self) -> list[Copy]:

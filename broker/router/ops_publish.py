@@ -214,10 +214,10 @@ def publish_result(
     for copy in plan.copies:
         endpoint = copy.endpoint
         failure = outcomes.get(endpoint)
-        if copy.dead is not None or copy.refusal is not None:
-            rejection = copy.rejection
-        else:
+        if copy.delivered:
             rejection = None if failure is None else (endpoint, *failure)
+        else:
+            rejection = copy.rejection
         if rejection is None:
             delivered += 1
         else:
