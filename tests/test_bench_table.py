@@ -22,7 +22,7 @@ from bench.comparisons import (
     goal_rows,
     table,
 )
-from bench.goals import summary
+from bench.goals import pair_order, summary
 from bench.workload import SHARD_COUNTS
 
 
@@ -134,3 +134,18 @@ def test_two_trees_are_judged_on_the_median_of_their_runs() -> None:
     (p50_old, p50_new) = lines[1:3]  # the first row: publish 1 in flight p50, <= 1.4x (e)
     assert "ratio 2.00x [0.10-2.00]" in p50_old
     assert p50_old.endswith(": NO") and p50_new.endswith(": yes")
+
+
+def test_each_tree_runs_second_in_half_the_pairs() -> None:
+    # The floor measured second in a pair ran slower (docs/performance.md, "Which run of
+    # a pair"): a fixed order would set one tree beside the slower floor every time.
+    trees = ["old", "new"]
+    seconds = [pair_order(trees, pair)[1] for pair in range(6)]
+    assert seconds.count("old") == seconds.count("new") == 3
+
+
+def test_failed_runs_are_counted_per_tree() -> None:
+    rows = goal_rows()
+    run = [{"relay": 1.0, "ratio": 1.0 if c.floor else None} for c in rows]
+    lines = summary({"old": [run]}, {"new": 2}).splitlines()
+    assert lines[-1] == "new: 2 run(s) failed, 0 ran"
