@@ -1,10 +1,11 @@
 """`python -m bench` (`make bench`): every bench module, one table, one JSON file.
 
     python -m bench [--only subjects|storage|broker|ops|nats|soak|mcp|http|federation] [--rounds N]
-                    [--soak-seconds S]
+                    [--soak-seconds S] [--json]
 
 Prints one table (metric, Relay, unit, ceiling, ratio, goal, met) and writes the same
-rows with machine info to bench/results/<UTC timestamp>.json (git-ignored). Exits 1 when
+rows with machine info to bench/results/<UTC timestamp>.json (git-ignored); ``--json``
+prints the rows as one last line of JSON too (what bench/trees.py reads). Exits 1 when
 a module fails; a goal not met is a row of the table, not an error.
 """
 
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--soak-seconds", type=float, help="length of the soak (default: 600, the issue's 10 min)"
     )
+    parser.add_argument("--json", action="store_true", help="the rows as a last line of JSON")
     args = parser.parse_args(argv)
 
     started, info = datetime.now(UTC), machine()
@@ -130,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{info['cpus']} CPUs, load {load} at start; written to {out}")
     if failed:
         print(f"FAILED: {', '.join(failed)}")
+    if args.json:
+        print(json.dumps(records))
     return 1 if failed else 0
 
 

@@ -17,28 +17,19 @@ and whether the goal holds as a median. Both trees need this module: to compare 
 older commit, check it out (`git worktree add`) and copy this tree's bench/ into it, so
 that both sides run the same bench code.
 
-The pairs alternate their order (OLD NEW, NEW OLD, ...): the floors measured in the
-second run of a pair were slower than in the first even with the same code in both
-trees (docs/performance.md, "Which run of a pair"), so a fixed order would hand one tree
-the slower floor. The disk is flushed (sync) between runs. A run that fails (a workload
-refused, a broker that fell behind) is counted per tree and the comparison goes on.
+How the two trees alternate: bench/trees.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
-from typing import TypeVar
 
 from bench.common import Row
 from bench.comparisons import goal_rows
-
-T = TypeVar("T")
+from bench.trees import Runs, alternate, failures
 
 
 def measure(rounds: int) -> list[Row]:
@@ -47,25 +38,7 @@ def measure(rounds: int) -> list[Row]:
     return rows(rounds, goal_rows())
 
 
-def run_in(tree: Path, rounds: int) -> list[dict] | None:
-    """One run of the goal rows in ``tree``, with its own interpreter and code; None
-    (its error printed) when the run failed."""
-    python = tree / ".venv" / "bin" / "python"
-    command = [str(python), "-m", "bench.goals", "--json", "--rounds", str(rounds)]
-    out = subprocess.run(command, cwd=tree, capture_output=True, text=True, check=False)
-    os.sync()  # what the run left to write back is not the next run's to flush
-    if out.returncode != 0:
-        print(f"{' '.join(command)} in {tree} failed:\n{out.stderr[-3000:]}", file=sys.stderr)
-        return None
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def pair_order(trees: list[T], pair: int) -> list[T]:
-    """OLD NEW for even pairs, NEW OLD for odd ones: each tree runs second as often."""
-    return trees if pair % 2 == 0 else trees[::-1]
-
-
-def summary(runs: dict[str, list[list[dict]]], failed: dict[str, int] | None = None) -> str:
+def summary(runs: Runs, failed: dict[str, int] | None = None) -> str:
     """Per row, per tree: median (range) of Relay's figure and of its ratio, and whether
     the goal holds as a median (a relative goal is judged on the median ratio); then the
     runs that failed, per tree."""
@@ -86,9 +59,7 @@ def summary(runs: dict[str, list[list[dict]]], failed: dict[str, int] | None = N
             else:
                 met = comparison.goal.met(median, None, 0)
             lines.append(f"{text}  {comparison.goal.words}: {'yes' if met else 'NO'}")
-    for tree, count in (failed or {}).items():
-        lines.append(f"{tree}: {count} run(s) failed, {len(runs.get(tree, []))} ran")
-    return "\n".join(lines)
+    return "\n".join([*lines, *failures(runs, failed or {})])
 
 
 def main() -> None:
@@ -107,19 +78,9 @@ def main() -> None:
 
             print(table(rows))
         return
-    runs: dict[str, list[list[dict]]] = {str(tree): [] for tree in args.trees}
-    failed = dict.fromkeys(runs, 0)
-    for pair in range(args.pairs):
-        for slot, tree in enumerate(pair_order(args.trees, pair)):
-            load = os.getloadavg()[0]
-            rows = run_in(tree, args.rounds)
-            print(f"pair {pair + 1}/{args.pairs}: {tree} done (load {load:.1f})", file=sys.stderr)
-            if rows is None:
-                failed[str(tree)] += 1
-                continue
-            runs[str(tree)].append(rows)
-            print(json.dumps({"tree": str(tree), "slot": slot, "rows": rows}), flush=True)
-    print(summary({t: r for t, r in runs.items() if r}, {t: n for t, n in failed.items() if n}))
+    goals = ["bench.goals", "--json", "--rounds", str(args.rounds)]
+    runs, failed = alternate(args.trees, args.pairs, goals)
+    print(summary({tree: r for tree, r in runs.items() if r}, failed))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ from bench.comparisons import (
     goal_rows,
     table,
 )
-from bench.goals import pair_order, summary
+from bench.goals import summary
+from bench.trees import compare, pair_order
 from bench.workload import SHARD_COUNTS
 
 
@@ -149,3 +150,20 @@ def test_failed_runs_are_counted_per_tree() -> None:
     run = [{"relay": 1.0, "ratio": 1.0 if c.floor else None} for c in rows]
     lines = summary({"old": [run]}, {"new": 2}).splitlines()
     assert lines[-1] == "new: 2 run(s) failed, 0 ran"
+
+
+def test_two_trees_compared_row_by_row() -> None:
+    def run(rate: float, ceiling: float) -> list[dict[str, Any]]:
+        return [
+            {"metric": "signals", "relay": rate, "unit": "msg/s", "ratio": rate / ceiling},
+            {"metric": "cpu", "relay": 50.0, "unit": "us", "ratio": None},
+        ]
+
+    runs = {"old": [run(100, 200), run(120, 200), run(90, 200)], "new": [run(80, 100)]}
+    lines = compare(runs, {"new": 1}).splitlines()
+    assert lines[1] == (
+        "signals (msg/s): 100.0 [90.0-120.0] (0.50x ceiling) -> 80.0 [80.0-80.0] "
+        "(0.80x ceiling)  new/old 0.80"
+    )
+    assert lines[2] == "cpu (us): 50.0 [50.0-50.0] -> 50.0 [50.0-50.0]  new/old 1.00"
+    assert lines[3] == "new: 1 run(s) failed, 1 ran"
