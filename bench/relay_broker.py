@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +41,24 @@ class RelayBroker:
     Rate limiting and backpressure stay enabled with limits the bench cannot reach, so
     their checks are on the measured path; every publish must come back delivered."""
 
-    def __init__(self, shards: int, home: Path) -> None:
+    def __init__(
+        self,
+        shards: int,
+        home: Path,
+        *,
+        router_wrapper: Sequence[str] = (),
+        ready_timeout: float = 20.0,
+    ) -> None:
+        """``router_wrapper``: a command to run the router under (bench/router_instructions.py
+        runs it under callgrind), with ``ready_timeout`` seconds to come up."""
         from tests.harness import Broker  # real processes, its own home
 
         self.shards = shards
-        self.broker = Broker(shards=shards, home=home)
+        self.broker = Broker(shards=shards, home=home, router_wrapper=router_wrapper)
         self.round = 0
         self.lock = threading.Lock()
         try:
-            self.broker.start()
+            self.broker.start(ready_timeout)
             self.rss_start = self.rss()  # right after the router and writers are ready
             self._setup()
         except BaseException:

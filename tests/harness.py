@@ -116,9 +116,11 @@ class Broker:
         env: dict[str, str] | None = None,
         router_args: Sequence[str] = (),
         client_options: dict[str, Any] | None = None,
+        router_wrapper: Sequence[str] = (),
     ) -> None:
         self.shards = shards
         self.router_args = list(router_args)
+        self.router_wrapper = list(router_wrapper)  # a command the router runs under
         self.client_options = client_options or {}  # connect() keywords: address, key_file
         self.home = Home(home or tempfile.mkdtemp(prefix="relay-"))
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "RELAY_LOG": "INFO", **(env or {})}
@@ -150,9 +152,15 @@ class Broker:
         broker.client_options = {"address": address, "key_file": first}
         return broker
 
-    def _spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
+    def _spawn(
+        self,
+        name: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        wrapper: Sequence[str] = (),
+    ) -> None:
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
-        cmd = [sys.executable, "-m", "cli", "--home", str(self.home.root), *args]
+        cmd = [*wrapper, sys.executable, "-m", "cli", "--home", str(self.home.root), *args]
         self.procs[name] = subprocess.Popen(
             cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**self.env, **(env or {})}
         )
@@ -162,18 +170,25 @@ class Broker:
         self._spawn(name, *args)
 
     def start_router(self) -> None:
-        self._spawn("router", "router", "--shards", str(self.shards), *self.router_args)
+        self._spawn(
+            "router",
+            "router",
+            "--shards",
+            str(self.shards),
+            *self.router_args,
+            wrapper=self.router_wrapper,
+        )
 
     def start_writer(self, shard: int, env: dict[str, str] | None = None) -> None:
         self._spawn(
             f"writer{shard}", "writer", "--shard", str(shard), "--shards", str(self.shards), env=env
         )
 
-    def start(self) -> Broker:
+    def start(self, ready_timeout: float = 20.0) -> Broker:
         self.start_router()
         for shard in range(self.shards):
             self.start_writer(shard)
-        self.wait_ready()
+        self.wait_ready(ready_timeout)
         return self
 
     def wait_ready(self, timeout: float = 20.0) -> None:

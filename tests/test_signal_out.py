@@ -107,3 +107,20 @@ def test_a_version_1_subscription_gets_single_signals_only_while_it_lasts(bus):
     assert not bus.out._single("a.b")
     bus.out.flush(bus.pub)
     assert _messages(runs) == [(RUNS + b"a.b", [{"n": 3}])]
+
+
+def test_the_outbox_hears_a_subscriber_while_one_is_subscribed(bus):
+    assert not bus.out.heard  # nobody subscribed: the router makes no receipts
+    sub = bus.subscriber(RUNS + b"relay.agent")  # a subscriber that takes runs
+    assert bus.out.heard
+    sub.setsockopt(zmq.UNSUBSCRIBE, RUNS + b"relay.agent")
+    bus.take_subscriptions(expect=1)
+    assert not bus.out.heard
+
+
+def test_a_version_1_subscriber_is_heard_too(bus):
+    sub = bus.subscriber(b"")
+    assert bus.out.heard
+    sub.close(0)  # gone: XPUB reports its topics unsubscribed
+    bus.take_subscriptions(expect=1)
+    assert not bus.out.heard

@@ -15,7 +15,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from broker.zap import message_user, secure
 from sdk.paths import Home
-from sdk.sockets import NOBLOCK, send_parts
+from sdk.sockets import NOBLOCK, poll_item, recv_frames, send_parts, waiting
 
 log = logging.getLogger("relay.router")
 
@@ -29,6 +29,7 @@ class ClientLinks:
         self.clients = ctx.socket(zmq.ROUTER)
         self.clients.setsockopt(zmq.ROUTER_MANDATORY, 1)  # EHOSTUNREACH, never a silent drop
         self.clients.setsockopt(zmq.SNDHWM, CLIENT_HWM)
+        self._clients_item = poll_item(self.clients)
         # A client whose ipc:// connection closes (its process killed, say) is gone at
         # once, not at its session timeout: the monitor names the closed descriptor, and
         # each client's first frame told which descriptor it came on. On tcp:// a
@@ -51,16 +52,19 @@ class ClientLinks:
 
     def requests(self, limit: int) -> Iterator[tuple[list[bytes], str | None]]:
         """What clients sent, frame lists with the ZAP user their connection was admitted
-        as, until none waits or ``limit`` were read."""
+        as, until none waits or ``limit`` were read (called when the poll said one
+        waits)."""
         for _ in range(limit):
             try:
-                frames = self.clients.recv_multipart(NOBLOCK, copy=False)
+                frames = recv_frames(self.clients)
             except zmq.Again:
                 return
             identity = frames[0].bytes
             if self._watch_fds and identity not in self._fd_of and len(frames) > 1:
                 self._remember_fd(identity, frames[1])
             yield [identity, *(f.bytes for f in frames[1:])], message_user(frames[0])
+            if not waiting(self._clients_item):  # cheaper than a receive finding none
+                return
 
     def _remember_fd(self, identity: bytes, frame: zmq.Frame) -> None:
         with contextlib.suppress(zmq.ZMQError):

@@ -46,6 +46,7 @@ class Job:
     answered_by: set[int] = field(default_factory=set)  # shards that answered (an operation)
     error: RelayError | None = None
     message_id: str = ""  # a publish's message
+    sender: str = ""  # a publish's sender (its copies' "from")
     copies: dict[str, Copy] = field(default_factory=dict)  # a publish's writes, by endpoint
     # a publish's remote parts: far node -> its endpoint subjects (docs/federation.md)
     remote: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -104,8 +105,8 @@ class WriterJobs:
         """Whether copies of this message are on their way to the writers."""
         return message_id in self.by_message
 
-    def publishing(self, token: int, job: Job, message_id: str) -> None:
-        job.message_id = message_id
+    def publishing(self, token: int, job: Job, message_id: str, sender: str) -> None:
+        job.message_id, job.sender = message_id, sender
         self.by_message[message_id] = token
 
     def forget(self, token: int) -> Job | None:

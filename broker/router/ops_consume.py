@@ -223,7 +223,10 @@ def _finish(
 
 
 def _delivery_receipt(ctx: Context, message_id: str, endpoint: str, sender: str) -> None:
-    """Tell the publisher, on its own subject, that a consumer finished its message."""
+    """Tell the publisher, on its own subject, that a consumer finished its message
+    (when anyone listens to signals at all)."""
+    if not ctx.signals.heard:
+        return
     subject = ctx.directory.subject_of(endpoint)
     if subject is None or not sender:
         return

@@ -112,7 +112,7 @@ def queue_writes(
         result,
         now,  # not created_at: a relayed message may be old, its deadline is from now
     )
-    ctx.jobs.publishing(token, job, message_id)
+    ctx.jobs.publishing(token, job, message_id, sender)
     remote.queue_remote(ctx, token, job, request, payload, parts)
     for copy in writes:
         shard = shard_of(copy.endpoint, ctx.shards)

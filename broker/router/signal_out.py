@@ -31,6 +31,7 @@ class SignalOutbox:
         self.limit = limit
         self._runs: list[tuple[str, list[bytes]]] = []
         self._single_topics: set[bytes] = set()  # topics of version 1 subscriptions
+        self._topics: set[bytes] = set()  # every topic subscribed to, runs' too
         self._wants_single: dict[str, bool] = {}
 
     def add(self, subject: str, signal: dict[str, Any]) -> None:
@@ -44,15 +45,31 @@ class SignalOutbox:
         """An XPUB subscription message: 1 (subscribe) or 0 (unsubscribe), then the
         topic. XPUB reports a topic when its first subscriber comes and its last goes,
         including subscribers that disconnect."""
-        if not message or message[0] not in (0, 1) or message[1:].startswith(wire.SIGNAL_RUN):
+        if not message or message[0] not in (0, 1):
             return
-        topic, before = message[1:], len(self._single_topics)
+        topic = message[1:]
+        if message[0] == 1:
+            self._topics.add(topic)
+        else:
+            self._topics.discard(topic)
+        if topic.startswith(wire.SIGNAL_RUN):
+            return
+        before = len(self._single_topics)
         if message[0] == 1:
             self._single_topics.add(topic)
         else:
             self._single_topics.discard(topic)
         if len(self._single_topics) != before:
             self._wants_single.clear()
+
+    @property
+    def heard(self) -> bool:
+        """Whether anyone subscribes to signals at all. While nobody does, the router
+        makes none of its own (delivery receipts): building and sending one cost about
+        5 % of a consumed message's instructions (docs/performance.md, "Each pass of the
+        router's loop"). A subscription that comes as a signal is made may miss it, as
+        any ZeroMQ subscriber joining late would."""
+        return bool(self._topics)
 
     def flush(self, pub: zmq.Socket) -> None:
         """Send what gathered. A socket error costs these signals only (they are

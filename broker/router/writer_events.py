@@ -32,13 +32,15 @@ class Show(NamedTuple):
 
 class HandOut(NamedTuple):
     """A message claimed for a subscription (None: for nobody any more): push it, as
-    its hand-out number ``deliveries``."""
+    its hand-out number ``deliveries``. ``sender``: its "from", when the router knows
+    it without reading the file (a copy it just stored claimed); None: read it there."""
 
     sub: int | None
     id: str
     endpoint: str
     data: bytes
     deliveries: int = 1
+    sender: str | None = None
 
 
 Push = Show | HandOut
@@ -65,7 +67,7 @@ def stored(ctx: Context, rows: list[proto.Stored], now: int) -> list[Push]:
             sub_id = ctx.ledger.copy_settled(row.id, row.endpoint)
             if observed:
                 pushes.append(Show(row.id, row.endpoint, copy.data))
-            pushes.append(HandOut(sub_id, row.id, row.endpoint, copy.data))
+            pushes.append(HandOut(sub_id, row.id, row.endpoint, copy.data, 1, job.sender))
         elif copy.dead is None:
             ctx.ledger.copy_settled(row.id, row.endpoint)
             if observed:
