@@ -48,23 +48,16 @@ BATCH = 27  # copies a commit at 100 in flight (bench.writer_commit)
 _OPEN_NEW = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC
 
 
-def _writer(root: str, name: str, subjects: list[str]) -> tuple[Writer, zmq.Socket, list[str]]:
-    """A started Writer of its own home, its results socket, its endpoints."""
-    home = Home(f"{root}/{name}")
+def handler(root: str) -> Callable[[], None]:
+    """One message stored claimed, and every ACKS messages their acks' commit."""
+    subject = "relay.agent.bench.sink"
+    endpoint = endpoint_hash(subject)
+    home = Home(f"{root}/handler")
     writer = Writer(home, 0, 1)
     answers = writer.ctx.socket(zmq.PULL)
     answers.bind(home.results_address)
     writer.start()
-    endpoints = [endpoint_hash(subject) for subject in subjects]
-    for endpoint in endpoints:
-        writer._watch(endpoint)
-    return writer, answers, endpoints
-
-
-def handler(root: str) -> Callable[[], None]:
-    """One message stored claimed, and every ACKS messages their acks' commit."""
-    subject = "relay.agent.bench.sink"
-    writer, answers, (endpoint,) = _writer(root, "handler", [subject])
+    writer._watch(endpoint)
     body, token, unacked = envelope(0), [0], []
 
     def message() -> None:

@@ -5,8 +5,8 @@ Most events a writer reads are its own renames into ``new/``, read back and drop
 100 in flight. inotify_simple's ``read`` asks the kernel how much is queued (an
 ``ioctl``) before reading it, decodes each name through ``os.fsdecode`` and builds a
 named tuple per event; here the descriptor is non-blocking, one ``read`` takes what is
-queued and each event is a plain tuple (docs/performance.md, "The writers' wall time
-per group commit"). The layout is inotify(7)'s ``struct inotify_event``.
+queued and each event is a plain tuple (docs/performance.md, "The writer's own work
+per commit"). The layout is inotify(7)'s ``struct inotify_event``.
 """
 
 from __future__ import annotations
