@@ -51,7 +51,7 @@ class _NoIndex:
         pass
 
 
-def _relay_commit(root: str, writer: int, batch: int, index: bool = True) -> Callable[[], None]:
+def relay_commit(root: str, writer: int, batch: int, index: bool = True) -> Callable[[], None]:
     """A real Writer's group commit of ``batch`` deliveries (index, fsyncs, answer)."""
     import zmq
 
@@ -92,11 +92,21 @@ def _relay_commit(root: str, writer: int, batch: int, index: bool = True) -> Cal
     return commit
 
 
+def floor_index(directory: str) -> Any:
+    """(e)'s index: one small table in ``directory``, with the writer's pragmas."""
+    import apsw
+
+    index = apsw.Connection(f"{directory}/index.db")
+    index.execute("PRAGMA journal_mode=WAL")
+    index.execute("PRAGMA synchronous=NORMAL")
+    index.execute("CREATE TABLE m (n INTEGER PRIMARY KEY, size INTEGER, done INTEGER)")
+    return index
+
+
 def _floor_commit(
     root: str, writer: int, batch: int, tmpfile: bool, created: list[float]
 ) -> Callable[[], None]:
     """(e)'s writer steps for ``batch`` files; adds its file-creating time to ``created``."""
-    import apsw
 
     from workers.syncfs import syncfs
 
@@ -104,10 +114,7 @@ def _floor_commit(
     for k in range(DIRS):
         for sub in ("tmp", "new"):
             os.makedirs(f"{directory}/{k}/{sub}")
-    index = apsw.Connection(f"{directory}/index.db")
-    index.execute("PRAGMA journal_mode=WAL")
-    index.execute("PRAGMA synchronous=NORMAL")
-    index.execute("CREATE TABLE m (n INTEGER PRIMARY KEY, size INTEGER, done INTEGER)")
+    index = floor_index(directory)
     body = envelope(0)
     count = [0]
 
@@ -147,9 +154,9 @@ def _writer(
     writer: int, root: str, barrier: Barrier, out: Any, blocks: int, batch: int, flags: set[str]
 ) -> None:
     created: list[float] = []
-    contenders = {"relay": _relay_commit(root, writer, batch)}
+    contenders = {"relay": relay_commit(root, writer, batch)}
     if "no_index" in flags:
-        contenders["relay, no index"] = _relay_commit(root, writer + 2, batch, index=False)
+        contenders["relay, no index"] = relay_commit(root, writer + 2, batch, index=False)
     contenders["floor"] = _floor_commit(root, writer, batch, False, created)
     if "tmpfile" in flags:
         contenders["floor, O_TMPFILE"] = _floor_commit(root, writer, batch, True, [])

@@ -257,6 +257,26 @@ def test_complete_after_a_restart_finds_the_claimed_file_by_scanning(
     assert fresh.find(message_id)[0] is State.DONE
 
 
+def test_complete_finds_a_claim_renamed_by_hand_since_it_was_made(box: Mailbox) -> None:
+    message_id, data = make_envelope()
+    box.deliver(message_id, data)
+    name, _ = box.claim(message_id, NOW)  # the name the mailbox remembers
+    by_hand = format_name(message_id, NOW + 3, None, "", 2)
+    os.rename(Path(box.cur_dir) / name, Path(box.cur_dir) / by_hand)
+    done = box.complete(message_id, NOW + 9)
+    assert done == f"{message_id},C={NOW + 3},N=2,D={NOW + 9}:2,S"
+    assert files_in(box.cur_dir) == [done]
+
+
+def test_complete_of_a_claim_whose_file_is_gone_is_not_found(box: Mailbox) -> None:
+    message_id, data = make_envelope()
+    box.deliver(message_id, data)
+    name, _ = box.claim(message_id, NOW)
+    os.unlink(Path(box.cur_dir) / name)
+    with pytest.raises(MessageNotFound):
+        box.complete(message_id, NOW + 1)
+
+
 @pytest.mark.parametrize(
     ("state", "error"),
     [("new", InvalidState), ("done", InvalidState), ("failed", InvalidState), ("none", None)],

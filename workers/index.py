@@ -83,11 +83,6 @@ def _record(row: Sequence) -> MessageRecord:
     )
 
 
-def _insert_rows(records: Iterable[MessageRecord]) -> Iterable[tuple]:
-    for record in records:
-        yield _record_tuple(record)
-
-
 def _state_name(state: State | str) -> str:
     try:
         return str(State(state))
@@ -165,24 +160,31 @@ class MessageIndex:
           file's deadLetter records (0, the default, when it records none)
         - requeues, deletes: (id, endpoint); a requeued row counts 0 hand-outs
         """
+        sized, unsized = [], []
+        for fail in fails:
+            i, e, at, reason, code, *rest = fail
+            if rest:
+                size, n = rest if len(rest) == 2 else (rest[0], 0)
+                sized.append((at, reason, code, n, size, i, e))
+            else:
+                unsized.append((at, reason, code, 0, i, e))
+        # Only the statements that have rows: a group commit holds one or two kinds,
+        # and an executemany over nothing still looks its statement up (8 a commit).
+        statements = (
+            (INSERT, [_record_tuple(record) for record in inserts]),
+            (CLAIM, [(c, n, i, e) for i, e, c, n in claims]),
+            (DONE, [(d, i, e) for i, e, d in dones]),
+            (FAIL_SIZED, sized),
+            (FAIL, unsized),
+            (REQUEUE, list(requeues)),
+            (DELETE, list(deletes)),
+        )
         cursor = self._conn.cursor()
         try:
             with transaction(self._conn):
-                cursor.executemany(INSERT, _insert_rows(inserts))
-                cursor.executemany(CLAIM, ((c, n, i, e) for i, e, c, n in claims))
-                cursor.executemany(DONE, ((d, i, e) for i, e, d in dones))
-                sized, unsized = [], []
-                for fail in fails:
-                    i, e, at, reason, code, *rest = fail
-                    if rest:
-                        size, n = rest if len(rest) == 2 else (rest[0], 0)
-                        sized.append((at, reason, code, n, size, i, e))
-                    else:
-                        unsized.append((at, reason, code, 0, i, e))
-                cursor.executemany(FAIL_SIZED, sized)
-                cursor.executemany(FAIL, unsized)
-                cursor.executemany(REQUEUE, requeues)
-                cursor.executemany(DELETE, deletes)
+                for sql, rows in statements:
+                    if rows:
+                        cursor.executemany(sql, rows)
         except apsw.Error as exc:
             raise StorageError(f"index write failed: {exc}") from exc
 

@@ -120,6 +120,14 @@ class Mailbox:
             self.endpoint, self.tmp_dir, self.new_dir, self.cur_dir, self.failed_dir
         )
         self._claimed: dict[str, str] = {}  # id -> its name in cur/, for claims made here
+        self._dirs = {  # `dir_of`, once per mailbox rather than once per file
+            "new": self.new_dir,
+            "claimed": self.cur_dir,
+            "done": self.cur_dir,
+            "cur": self.cur_dir,
+            "failed": self.failed_dir,
+            "tmp": self.tmp_dir,
+        }
 
     @classmethod
     def at(cls, mailboxes_root: str | os.PathLike[str], endpoint: str) -> Mailbox:
@@ -129,14 +137,7 @@ class Mailbox:
         return f"Mailbox({os.fspath(self.root)!r}, {self.endpoint!r})"
 
     def dir_of(self, state: State | str) -> str:
-        return {
-            "new": self.new_dir,
-            "claimed": self.cur_dir,
-            "done": self.cur_dir,
-            "cur": self.cur_dir,
-            "failed": self.failed_dir,
-            "tmp": self.tmp_dir,
-        }[str(state)]
+        return self._dirs[str(state)]
 
     # ----------------------------------------------------------------- create
 
@@ -252,9 +253,30 @@ class Mailbox:
         InvalidState when it is not claimed (new, done or failed), MessageNotFound when
         the id is nowhere. Returns the new name.
         """
-        name = self._find_cur(check_id(message_id))
-        if name is None:
-            self._raise_not_in_cur(message_id, "complete")
+        # The name this writer gave the claim is renamed at once: a consumer's ack is
+        # the common case, and its file is where the claim put it. Only when it is not
+        # (moved by hand, a restart) is cur/ looked through, as `_find_cur` does.
+        name = self._claimed.get(check_id(message_id))
+        done = None if name is None else self._rename_done(message_id, name, now_ms)
+        if done is None:
+            name = self._find_cur(message_id)
+            if name is None:
+                self._raise_not_in_cur(message_id, "complete")
+            done = self._rename_done(message_id, name, now_ms)
+            if done is None:  # gone between the listing and the rename
+                raise MessageNotFound(f"no message {message_id} in {self.endpoint}")
+        fault_point(COMPLETE_AFTER_RENAME)
+        self._claimed.pop(message_id, None)
+        if sync:
+            try:
+                fsync_dir(self.cur_dir)
+            except OSError as exc:
+                raise storage_error(f"complete {message_id} in {self.endpoint}", exc) from exc
+        return done
+
+    def _rename_done(self, message_id: str, name: str, now_ms: int) -> str | None:
+        """Rename cur/<name> to its done name and return that; None when no file has
+        ``name`` (the remembered name is then forgotten). InvalidState for a done name."""
         parsed = parse_name(name)
         if parsed.flags and "S" in parsed.flags:
             raise InvalidState(f"message {message_id} in {self.endpoint} is already done")
@@ -262,10 +284,9 @@ class Mailbox:
         done = format_name(message_id, parsed.claimed_at, now_ms, flags, parsed.deliveries)
         try:
             os.rename(f"{self.cur_dir}/{name}", f"{self.cur_dir}/{done}")
-            fault_point(COMPLETE_AFTER_RENAME)
+        except FileNotFoundError:
             self._claimed.pop(message_id, None)
-            if sync:
-                fsync_dir(self.cur_dir)
+            return None
         except OSError as exc:
             raise storage_error(f"complete {message_id} in {self.endpoint}", exc) from exc
         return done

@@ -51,6 +51,7 @@ from workers.filenames import parse_name
 from workers.group_commit import deliver_batch
 from workers.index import MessageIndex, rebuild_from_maildir
 from workers.index_changes import IndexChanges
+from workers.inotify_events import read_events
 from workers.maildir import Mailbox
 from workers.process import run_until_stopped
 from workers.records import MessageRecord, State
@@ -63,6 +64,7 @@ log = logging.getLogger("relay.writer")
 MAX_BATCH = 512  # router frames (a pass's deliveries, or one operation) per group commit
 IDLE_POLL_MS = 500  # wake-up interval to notice a stop request
 _WATCH_FLAGS = iflags.MOVED_TO | iflags.CLOSE_WRITE
+_Q_OVERFLOW = int(iflags.Q_OVERFLOW)
 
 
 def now_ms() -> int:
@@ -80,7 +82,7 @@ class Writer:
         self.stopping = False
         self.mailboxes: dict[str, Mailbox] = {}
         self.index: MessageIndex | None = None  # opened (and rebuilt) by start()
-        self.inotify = INotify()
+        self.inotify = INotify(nonblocking=True)  # read by `read_events`
         self._watches: dict[int, str] = {}  # inotify wd -> endpoint
         self._own_renames: set[tuple[str, str]] = set()  # (endpoint, name) we moved into new/
         self._subjects: dict[str, str] = {}
@@ -497,18 +499,18 @@ class Writer:
 
     def _on_inotify(self) -> None:
         overflow = False
-        for event in self.inotify.read(timeout=0):
-            if event.mask & iflags.Q_OVERFLOW:
+        for wd, mask, name in read_events(self.inotify.fileno()):
+            if mask & _Q_OVERFLOW:
                 overflow = True
                 continue
-            endpoint = self._watches.get(event.wd)
-            if endpoint is None or not event.name:
+            endpoint = self._watches.get(wd)
+            if endpoint is None or not name:
                 continue
-            key = (endpoint, event.name)
+            key = (endpoint, name)
             if key in self._own_renames:
                 self._own_renames.discard(key)
                 continue
-            self._ingest(endpoint, event.name)
+            self._ingest(endpoint, name)
         if overflow:
             log.warning("inotify queue overflowed: rescanning every new/ of shard %d", self.shard)
             self._own_renames.clear()
