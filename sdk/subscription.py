@@ -7,7 +7,6 @@ sends its answers when they are due; the I/O thread does both only while it cann
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import queue
 import threading
@@ -268,12 +267,11 @@ class SubscriptionWorker:
                     log.warning("could not acknowledge %s: client closed", delivery.id)
 
     def _handle(self, delivery: Delivery) -> Outcome:
+        deliveries = delivery.deliveries if self.mode == "consume" else 0
         try:
-            envelope = Envelope.from_json(delivery.data)
+            envelope = Envelope.from_json(delivery.data, deliveries=deliveries)
         except RelayError as exc:
             return f"unreadable message: {exc}", "nack"
-        if self.mode == "consume":
-            envelope = dataclasses.replace(envelope, deliveries=delivery.deliveries)
         try:
             self.handler(envelope)
         except Nack as refusal:  # on purpose: the nack says it all
