@@ -1,11 +1,12 @@
 """A subscription's side of the client: the worker that runs its handler on its own
 thread, in the order messages arrive, and answers each message (ack, or nack with the
-handler's error), several together (`ACK_DELAY_S`, `answers_together`)."""
+handler's error), several together (`ACK_DELAY_S`, `answers_together`). While its queue
+is empty the thread reads the client's socket itself (sdk/transport.py, `follow`) and
+sends its answers when they are due; the I/O thread does both only while it cannot."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import queue
 import threading
@@ -16,11 +17,18 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sdk.errors import RelayError
+from sdk.transport import Bell, Request
 from sdk.types import Envelope
 
 log = logging.getLogger("relay.client")
 
 ACK_DELAY_S = 0.005  # a handled message's ack may wait this long to leave with others
+# The I/O thread sends a batch of answers this much after its deadline: a handler
+# thread reading the socket then (`_next`) sends it first, on the socket it holds.
+IO_GRACE_S = 0.002
+# How long a handler thread that could not read the socket itself (another thread
+# held it) waits on its queue before it tries again.
+FOLLOW_RETRY_S = 0.2
 Handler = Callable[[Envelope], Any]
 Outcome = tuple[str, str] | None  # None: handled; else (reason, code) of its nack
 
@@ -61,6 +69,14 @@ class Answers(Protocol):
 
     def wake_for_answers(self) -> None: ...
 
+    def follow(self, worker: SubscriptionWorker) -> bool: ...
+
+    def stop_following(self, worker: SubscriptionWorker) -> None: ...
+
+    def answers_due_of(
+        self, worker: SubscriptionWorker, now: float, send: Callable[[list[Request]], None]
+    ) -> float | None: ...
+
 
 class SubscriptionWorker:
     """Runs one subscription's handler, in order, on its own thread.
@@ -100,6 +116,15 @@ class SubscriptionWorker:
         self._deadline = 0.0
         self._unsent_lock = threading.Lock()
         self._answering = threading.Lock()  # held while answer() queues what it took
+        # While this thread reads the client's socket itself (`_next`), it watches its
+        # answers' deadline; when it stops with answers waiting (to run a handler, or
+        # to wait on its queue), it tells the I/O thread, once a batch (`_told`).
+        self._told = False  # under _unsent_lock
+        # Rung by stop(): a follower looks at its queue. A pipe, open while the thread
+        # runs (a subscription refused never starts one, and holds no descriptors).
+        self._bell: Bell | None = None
+        self._bell_lock = threading.Lock()  # stop() never rings a bell closed meanwhile
+        self._stop_rung = False
 
     def subscribed(self, result: Mapping[str, Any]) -> None:
         """The subscribe reply came (on the I/O thread): start handling."""
@@ -108,6 +133,8 @@ class SubscriptionWorker:
         if isinstance(credit, int):
             self.answers_together = answers_together(credit)
         if self.thread.ident is None:  # a renewed subscription keeps its thread
+            with self._bell_lock:
+                self._bell = Bell()
             self.thread.start()
 
     def stop(self, *, discard_queued: bool = False) -> None:
@@ -116,9 +143,23 @@ class SubscriptionWorker:
                 while True:
                     self.queue.get_nowait()
         self.queue.put(None)
+        with self._bell_lock:
+            self._stop_rung = True
+            if self._bell is not None:
+                self._bell.ring()
 
     def _run(self) -> None:
-        while (delivery := self.queue.get()) is not None:
+        try:
+            self._handle_all()
+        finally:
+            self.answers.stop_following(self)
+            with self._bell_lock:
+                bell, self._bell = self._bell, None
+            if bell is not None:
+                bell.close()
+
+    def _handle_all(self) -> None:
+        while (delivery := self._next()) is not None:
             error = self._handle(delivery)
             if self.mode != "consume":
                 continue
@@ -129,21 +170,74 @@ class SubscriptionWorker:
                 first = not self._unsent
                 if first:
                     self._deadline = time.monotonic() + ACK_DELAY_S
+                    self._told = False
                     self.answers.answers_waiting(self, True)
                 self._unsent.append((delivery, error))
                 due = len(self._unsent) >= self.answers_together
-            if due or time.monotonic() >= self._deadline:  # also while messages queue up
+            if due:
                 self.answer()
-            elif first:
-                self.answers.wake_for_answers()
+            # Else, at their deadline, this thread sends them if it is reading the
+            # socket then (`follow`), else the I/O thread, told by `_tell_io`: so they
+            # leave on the socket, not through the queue to the I/O thread.
         self.answer()
 
-    def take_due(self, now: float) -> tuple[list[tuple[Delivery, Outcome]], float | None]:
-        """(I/O thread) The answers whose deadline passed, taken to be sent; otherwise
-        none, and the deadline of those waiting (None when none wait)."""
+    def _next(self) -> Delivery | None:
+        """The next message to handle; None: stop. While none waits in the queue, this
+        thread reads the client's socket itself when it can (the transport's `follow`:
+        no hand-off from the I/O thread), else it waits on the queue for what the I/O
+        thread (or another thread reading the socket) dispatches to it."""
+        while True:
+            with contextlib.suppress(queue.Empty):
+                delivery = self.queue.get_nowait()
+                self._tell_io()
+                return delivery
+            if self._stop_rung or self.answers.follow(self):
+                continue
+            self._tell_io()
+            with contextlib.suppress(queue.Empty):
+                return self.queue.get(timeout=FOLLOW_RETRY_S)
+
+    def _tell_io(self) -> None:
+        """This thread stops watching its answers' deadline (it runs a handler, or
+        waits on its queue): the I/O thread is told of answers waiting, once a batch,
+        so that a slow handler does not hold back the answers before it."""
+        with self._unsent_lock:
+            tell = bool(self._unsent) and not self._told
+            self._told = self._told or tell
+        if tell:
+            self.answers.wake_for_answers()
+
+    # ------------------------------------------------------------------ Follower
+
+    @property
+    def subscription(self) -> object:
+        return self
+
+    def has_next(self) -> bool:
+        return not self.queue.empty()
+
+    def stopping(self) -> bool:
+        return self._stop_rung
+
+    def bell_fd(self) -> int:
+        assert self._bell is not None  # called by its own thread, which runs
+        return self._bell.r
+
+    def answers_due(self, now: float, send: Callable[[list[Request]], None]) -> float | None:
+        return self.answers.answers_due_of(self, now, send)
+
+    def take_due(
+        self, now: float, *, following: bool = False
+    ) -> tuple[list[tuple[Delivery, Outcome]], float | None]:
+        """The answers whose deadline passed, taken to be sent; otherwise none, and the
+        deadline of those waiting (None when none wait). ``following``: the call of
+        this worker's thread, reading the socket (`_next`); the I/O thread's deadline
+        is `IO_GRACE_S` later, so that the follower, which holds the socket, usually
+        sends them and the I/O thread, woken then, finds none."""
         with self._unsent_lock:  # the same lock as the add in _run: none is missed
-            if self._unsent and now < self._deadline:
-                return [], self._deadline
+            deadline = self._deadline + (0.0 if following else IO_GRACE_S)
+            if self._unsent and now < deadline:
+                return [], deadline
             handled, self._unsent = self._unsent, []
             self.answers.answers_waiting(self, False)
         return handled, None
@@ -173,12 +267,11 @@ class SubscriptionWorker:
                     log.warning("could not acknowledge %s: client closed", delivery.id)
 
     def _handle(self, delivery: Delivery) -> Outcome:
+        deliveries = delivery.deliveries if self.mode == "consume" else 0
         try:
-            envelope = Envelope.from_json(delivery.data)
+            envelope = Envelope.from_json(delivery.data, deliveries=deliveries)
         except RelayError as exc:
             return f"unreadable message: {exc}", "nack"
-        if self.mode == "consume":
-            envelope = dataclasses.replace(envelope, deliveries=delivery.deliveries)
         try:
             self.handler(envelope)
         except Nack as refusal:  # on purpose: the nack says it all

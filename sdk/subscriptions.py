@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from sdk import wire
 from sdk.errors import RelayError
 from sdk.subscription import Delivery, Handler, SubscriptionWorker, answer_of
-from sdk.transport import ReplyHook, Request
+from sdk.transport import Follower, ReplyHook, Request
 
 log = logging.getLogger("relay.client")
 
@@ -47,6 +47,10 @@ class Connection(Protocol):
     def answered(self, message_id: str, endpoint: str, deliveries: int) -> None: ...
 
     def wake(self) -> None: ...
+
+    def follow(self, follower: Follower) -> bool: ...
+
+    def stop_following(self, follower: Follower) -> None: ...
 
 
 class Subscriptions:
@@ -124,8 +128,8 @@ class Subscriptions:
             self._connection.holding(delivery.id, delivery.endpoint, delivery.deliveries, ack_wait)
         worker.queue.put(delivery)
 
-    def expects_pushes(self) -> bool:
-        return bool(self.workers or self._starting)
+    def expects_pushes(self, besides: object = None) -> bool:
+        return bool(self._starting) or any(w is not besides for w in self.workers.values())
 
     def router_holds(self, subs: set[int]) -> None:
         """One of ours missing from the router's list means it restarted or ended our
@@ -147,19 +151,54 @@ class Subscriptions:
         close() has begun: it answers itself, before "bye"."""
         if not self._answers_waiting:
             return None
-        with self._answers_lock:  # close() sets _ending under it: no answer after "bye"
-            if self._ending:
-                return None
-            due, next_due = [], None
-            for worker in list(self._answers_waiting):
-                handled, deadline = worker.take_due(now)
-                if deadline is not None:
-                    next_due = deadline if next_due is None else min(next_due, deadline)
-                due += handled
-            if due:
-                for delivery, _ in due:
-                    self.answered(delivery.id, delivery.endpoint, delivery.deliveries)
-                send([answer_of(delivery, error) for delivery, error in due])
+        return self._send_due(list(self._answers_waiting), now, send, following=False)
+
+    def answers_due_of(
+        self, worker: SubscriptionWorker, now: float, send: Callable[[list[Request]], None]
+    ) -> float | None:
+        """`answers_due` for one worker, called by its own thread while it reads the
+        socket itself (`Transport.follow`)."""
+        return self._send_due([worker], now, send, following=True)
+
+    def _send_due(
+        self,
+        workers: list[SubscriptionWorker],
+        now: float,
+        send: Callable[[list[Request]], None],
+        *,
+        following: bool,
+    ) -> float | None:
+        # The I/O thread holds this lock while it takes the socket to send (_send_now);
+        # a follower holds the socket while it comes here: it does not wait for the
+        # lock then (the I/O thread is about to ask it for the socket), it looks again.
+        if not self._answers_lock.acquire(blocking=not following):
+            return now
+        try:
+            return self._send_due_locked(workers, now, send, following=following)
+        finally:
+            self._answers_lock.release()
+
+    def _send_due_locked(
+        self,
+        workers: list[SubscriptionWorker],
+        now: float,
+        send: Callable[[list[Request]], None],
+        *,
+        following: bool,
+    ) -> float | None:
+        """(Under _answers_lock: close() sets _ending under it, no answer after "bye".)"""
+        if self._ending:
+            return None
+        due, next_due = [], None
+        for worker in workers:
+            handled, deadline = worker.take_due(now, following=following)
+            if deadline is not None:
+                next_due = deadline if next_due is None else min(next_due, deadline)
+            due += handled
+        if due:
+            for delivery, _ in due:
+                self.answered(delivery.id, delivery.endpoint, delivery.deliveries)
+            send([answer_of(delivery, error) for delivery, error in due])
         return next_due
 
     # ------------------------------------------------------------------ renewing
@@ -218,9 +257,15 @@ class Subscriptions:
             self._answers_waiting.discard(worker)
 
     def wake_for_answers(self) -> None:
-        """A handler thread started a batch of answers: have the I/O thread watch its
-        deadline."""
+        """A handler thread has answers waiting and stops watching their deadline: have
+        the I/O thread watch it."""
         self._connection.wake()
+
+    def follow(self, worker: SubscriptionWorker) -> bool:
+        return self._connection.follow(worker)
+
+    def stop_following(self, worker: SubscriptionWorker) -> None:
+        self._connection.stop_following(worker)
 
     # ------------------------------------------------------------------ lifecycle
 

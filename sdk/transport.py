@@ -22,6 +22,14 @@ holds (requests queued, a ping, answers due, a refused handshake, close), it rin
 pipe (`_wanted`) and the caller lets go at once, then waits for its reply like any
 other caller.
 
+A second kind of thread reads the DEALER the same way: a subscription's handler thread
+waiting for its next message (`follow`, a `Follower`), so that a pushed message reaches
+its handler with no hand-off from the I/O thread. It lets go while its handler runs
+and, when the I/O thread wants the socket, until the I/O thread is done (`_io_free`).
+While its handler runs, the I/O thread does not watch the socket for that
+subscription's pushes (`_lent_to`): they wait, unread, for the handler thread to come
+back, so that a steady consumer's pushes wake its handler thread alone.
+
 The session is the transport's too: the hello's token and the hand-outs this client
 holds (sdk/holdings.py). When a heartbeat's reply names another session (the router
 restarted, or ended a silent session), it says hello again with both, so that what the
@@ -66,6 +74,8 @@ def ping_interval(session_timeout_ms: Any) -> float:
 
 
 IO_POLL_MS = 200  # the I/O thread's longest sleep
+FOLLOW_POLL_MS = 1000  # a follower's longest sleep (told to stop or let go: at once)
+IO_MOMENT_S = 0.05  # the longest a follower waits for the I/O thread to let go
 # A refusal, not a connection cut mid-handshake (NO_DETAIL: a router restarting).
 _REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 _numbers = itertools.count(1)  # names each transport's inproc socket uniquely
@@ -81,8 +91,9 @@ class Consumer(Protocol):
     def pushed(self, push: wire.Push) -> None:
         """A message pushed for a subscription."""
 
-    def expects_pushes(self) -> bool:
-        """Messages may be pushed to us (a subscription lives or is being made)."""
+    def expects_pushes(self, besides: object = None) -> bool:
+        """Messages may be pushed to us (a subscription lives or is being made) for a
+        subscription other than ``besides`` (a follower's: `Follower.subscription`)."""
 
     def router_holds(self, subs: set[int]) -> None:
         """A heartbeat's reply: the ids of the subscriptions the router holds for us."""
@@ -90,6 +101,28 @@ class Consumer(Protocol):
     def answers_due(self, now: float, send: Callable[[list[Request]], None]) -> float | None:
         """Send, through ``send``, the answers whose delay passed; returns when the next
         waiting one is due (monotonic), None when none waits."""
+
+
+class Follower(Protocol):
+    """A subscription's handler thread that reads the DEALER itself while it waits for
+    its next message (`Transport.follow`; sdk/subscription.py's worker)."""
+
+    @property
+    def subscription(self) -> object:
+        """What it is to `Consumer.expects_pushes`: pushes for it wait for it."""
+
+    def has_next(self) -> bool:
+        """A message waits for its handler (dispatched to its queue)."""
+
+    def stopping(self) -> bool:
+        """It was told to stop (its bell rang)."""
+
+    def bell_fd(self) -> int:
+        """A descriptor that becomes readable when it is told to stop."""
+
+    def answers_due(self, now: float, send: Callable[[list[Request]], None]) -> float | None:
+        """Send, through ``send``, its answers whose delay passed; returns when the next
+        waiting one is due, None when none waits (`Consumer.answers_due`, for it alone)."""
 
 
 class Transport:
@@ -126,6 +159,14 @@ class Transport:
         # thread then looks again whether to poll it (`_poll_dealer`).
         self._look = Bell()
         self._io_blind = False
+        # The follower (a subscription's handler thread) that lent the DEALER while its
+        # handler runs and reads it again after: the I/O thread does not watch the
+        # socket for its pushes meanwhile (`follow`, `_watch`).
+        self._lent_to: Follower | None = None
+        # Clear while the I/O thread holds the DEALER or waits for it (a moment: a send,
+        # a read); a follower that finds the socket taken waits for it (`follow`).
+        self._io_free = threading.Event()
+        self._io_free.set()
         self._ping_out = False  # a ping's reply is awaited (by the I/O thread)
         self._queued = 0  # items callers put on the inproc queue (under _lock)
         self._taken = 0  # items the I/O thread took from it (by it alone)
@@ -271,17 +312,98 @@ class Transport:
         finally:
             self._release_dealer()
 
+    def follow(self, follower: Follower) -> bool:
+        """(A subscription's handler thread, nothing in its queue) Read the DEALER itself
+        until a message for it is dispatched to its queue, dispatching what else arrives
+        as the I/O thread would, and send its answers when they are due: no thread
+        hand-off between the socket and its handler. True when a message (or its stop)
+        waits; then it lends the socket while its handler runs (`_lent_to`). When the
+        I/O thread wants the socket (a ping, answers due, a request queued) it lets go
+        and takes it back once the I/O thread is done. False when another caller holds
+        the socket, or something is queued for the I/O thread to send before the answers
+        due: the follower then waits on its queue, and the I/O thread reads for it."""
+        if self._closed or not self._acquire_as_follower():
+            self.stop_following(follower)
+            return False
+        following, held = False, True
+        try:
+            self._lent_to = follower
+            self._receive()
+            poll: list[tuple[Any, int]] = [
+                (self._dealer, zmq.POLLIN),
+                (self._wanted.r, zmq.POLLIN),
+                (follower.bell_fd(), zmq.POLLIN),
+            ]
+            while not follower.has_next() and not follower.stopping() and not self._closed:
+                now = time.monotonic()
+                # What callers queued for the I/O thread leaves before the answers
+                # (a handler's reply before its ack): leave the answers to it then.
+                if self._queued != self._taken:
+                    return False
+                due = follower.answers_due(now, self._send_answers)
+                wait_ms = FOLLOW_POLL_MS if due is None else math.ceil((due - now) * 1000)
+                ready = zmq.zmq_poll(poll, max(1, min(wait_ms, FOLLOW_POLL_MS)))
+                self._receive()
+                if any(item == self._wanted.r for item, _ in ready):
+                    self._dealer_lock.release()  # the I/O thread waits for it: awake
+                    held = self._acquire_as_follower()
+                    if not held:
+                        return False
+            following = True
+            return True
+        finally:
+            if not following:
+                self._lent_to = None
+            if held:
+                self._release_dealer()
+            elif self._io_blind and self._watch():  # as _release_dealer would
+                self._look.ring()
+
+    def _acquire_as_follower(self) -> bool:
+        """Take the DEALER for a follower: at once, or after the I/O thread, which holds
+        it only for a moment, lets go; not while a caller holds it (a fetch that waits
+        may hold it for seconds: the follower waits on its queue meanwhile)."""
+        # The I/O thread first: taking the lock while it waits for it (it asked, by
+        # `_wanted`, and clears that only once it has the lock) would only be asked again.
+        if not self._io_free.is_set() and not self._io_free.wait(IO_MOMENT_S):
+            return False
+        return self._dealer_lock.acquire(blocking=False)
+
+    def stop_following(self, follower: Follower) -> None:
+        """(A follower) It waits on its queue from now on, or ends: the I/O thread reads
+        the socket for it again."""
+        if self._lent_to is follower:
+            self._lent_to = None
+            if self._io_blind and self._watch():
+                self._look.ring()
+
+    def _send_answers(self, requests: list[Request]) -> None:
+        """(The thread holding the DEALER) Send requests whose replies nobody waits for."""
+        rids = [next(self._rids) for _ in requests]  # no future: replies are dropped
+        bodies = [
+            wire.encode_request(op, rid, **self._acting, **fields)[1]
+            for rid, (op, fields) in zip(rids, requests, strict=True)
+        ]
+        self._send(rids, bodies)
+
     def _release_dealer(self) -> None:
-        """(A caller) Let go of the DEALER, read empty. An I/O thread that does not poll
-        it is told to look again if something may come that it must read."""
+        """(A caller or a follower) Let go of the DEALER, read empty. An I/O thread that
+        does not poll it is told to look again if something may come that it must read."""
         self._dealer_lock.release()
         if self._io_blind and self._watch():  # read after the release: _poll_dealer
             self._look.ring()
 
     def _watch(self) -> bool:
         """Something may arrive on the DEALER that no caller reads: a reply awaited, a
-        ping's, or a pushed message."""
-        return bool(self._futures) or self._ping_out or self._consumer.expects_pushes()
+        ping's, or a pushed message, except one for the follower that lent the socket
+        while its handler runs (`_lent_to`): that waits, unread, until it follows again.
+        So a steady consumer's pushes wake its handler thread alone."""
+        lent = self._lent_to
+        return (
+            bool(self._futures)
+            or self._ping_out
+            or self._consumer.expects_pushes(None if lent is None else lent.subscription)
+        )
 
     def wait(self, future: Future, op: str, timeout: float | None = None) -> Any:
         """The future's result within ``timeout`` (default the transport's), or a typed
@@ -321,8 +443,11 @@ class Transport:
 
     def wake(self) -> None:
         """Have the I/O thread, which may sleep up to IO_POLL_MS, ask its consumer when
-        answers are due (a handler thread started a batch of them)."""
-        self._to_io(b"A")
+        answers are due (a handler thread started a batch of them). A pipe, not the
+        queue to it: it need not take the DEALER, which a follower may hold."""
+        with self._lock:  # close() sets _closed under it before the pipe is closed
+            if not self._closed:
+                self._look.ring()
 
     def _to_io(self, item: bytes) -> None:
         with self._lock:
@@ -435,13 +560,15 @@ class Transport:
                             self._close_dealer(poller, self._dealer, refusals)
                             self._dealer, refusals = self._open_dealer(poller)
                         finally:
-                            self._dealer_lock.release()
+                            self._io_lets_go()
                         break
                     elif sock is self._sub:
                         self._receive_signals()
-                    else:  # the DEALER's descriptor: read it (on letting go)
+                    elif not self._dealer_lock.locked():  # the DEALER's descriptor
                         with self._holding_dealer():
-                            pass
+                            pass  # read it (on letting go)
+                    # else a caller or a follower holds it and reads it: _poll_dealer
+                    # stops polling it, and who lets go tells us when to look again.
                 # Always, not only while subscribed: a message being handled after an
                 # unsubscribe can still be acknowledged only by a live session.
                 now = time.monotonic()
@@ -485,6 +612,7 @@ class Transport:
 
     def _take_dealer(self) -> None:
         """(I/O thread) Take the DEALER; a caller holding it is told to let go."""
+        self._io_free.clear()  # a follower waits for it to be set (_acquire_as_follower)
         if not self._dealer_lock.acquire(blocking=False):
             self._wanted.ring()
             self._dealer_lock.acquire()
@@ -497,7 +625,11 @@ class Transport:
         try:
             self._receive()
         finally:
-            self._dealer_lock.release()
+            self._io_lets_go()
+
+    def _io_lets_go(self) -> None:
+        self._dealer_lock.release()
+        self._io_free.set()
 
     @contextlib.contextmanager
     def _holding_dealer(self) -> Iterator[None]:
@@ -516,12 +648,7 @@ class Transport:
         with self._holding_dealer():
             while self._forward() == wire.MAX_BATCH:
                 pass
-            rids = [next(self._rids) for _ in requests]  # no future: replies are dropped
-            bodies = [
-                wire.encode_request(op, rid, **self._acting, **fields)[1]
-                for rid, (op, fields) in zip(rids, requests, strict=True)
-            ]
-            self._send(rids, bodies)
+            self._send_answers(requests)
 
     def _expire(self, now: float) -> None:
         """Fail the requests whose deadline passed: no future waits forever, not even
@@ -579,7 +706,6 @@ class Transport:
                 self._sub.connect(item[1:].decode())
             elif kind == b"S":  # subscribe the signal socket to a prefix
                 self._sub.setsockopt(zmq.SUBSCRIBE, item[1:])
-            # b"A": answers wait; the loop sets its next wake-up by their deadline
         self._send(rids, bodies)
         return taken
 

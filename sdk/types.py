@@ -182,12 +182,17 @@ class Envelope:
         return wire
 
     @classmethod
-    def from_wire(cls, d: object, *, path: str = "") -> Self:
+    def from_wire(
+        cls, d: object, *, path: str = "", deliveries: int = 0, decoded: bool = False
+    ) -> Self:
+        """``decoded``: ``d`` comes from `loads_json`, which holds only JSON values, so
+        the payload is not walked again."""
         d = as_mapping(d, path)
         if "payload" not in d:
             raise InvalidMessage(f"{label_of(path, 'payload')} is missing")
         payload = d["payload"]
-        check_json_value(payload, label_of(path, "payload"))
+        if not decoded:
+            check_json_value(payload, label_of(path, "payload"))
         return cls(
             id=check_id(get_field(d, "id", str, path), label_of(path, "id")),
             subject=get_subject(d, "subject", path),
@@ -202,6 +207,7 @@ class Envelope:
             parent_id=_optional_id(d, "parentId", path),
             republished_from=_optional_id(d, "republishedFrom", path),
             relayed_from=get_subject(d, "relayedFrom", path, default=None),
+            deliveries=deliveries,
         )
 
     def to_json(self) -> bytes:
@@ -209,8 +215,9 @@ class Envelope:
         return dumps_json(self.to_wire())
 
     @classmethod
-    def from_json(cls, data: bytes) -> Self:
-        return cls.from_wire(loads_json(data))
+    def from_json(cls, data: bytes, *, deliveries: int = 0) -> Self:
+        """A message file's envelope; ``deliveries``: the hand-out its push named."""
+        return cls.from_wire(loads_json(data), deliveries=deliveries, decoded=True)
 
 
 @dataclass(frozen=True, slots=True)

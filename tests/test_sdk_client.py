@@ -253,6 +253,12 @@ class _Recorder:
     def answers_waiting(self, worker, waiting: bool) -> None:
         (self._answers_waiting.add if waiting else self._answers_waiting.discard)(worker)
 
+    def follow(self, worker) -> bool:
+        return False  # no socket here: the worker waits on its queue
+
+    def stop_following(self, worker) -> None:
+        pass
+
 
 def _worker_after_burst(subscribe_result: dict, burst: int) -> list[str]:
     """A worker whose queue already holds ``burst`` messages when it starts."""

@@ -36,7 +36,7 @@ class StuckIoThread:
     def router_holds(self, subs: set[int]) -> None:
         pass
 
-    def expects_pushes(self) -> bool:
+    def expects_pushes(self, besides: object = None) -> bool:
         return False
 
     def answers_due(self, now: float, send: Callable[[list[Request]], None]) -> float | None:
@@ -96,3 +96,56 @@ def test_pings_leave_while_a_caller_waits_on_the_socket(broker):
     session = client._transport.session
     assert client.fetch(A, wait=2) == []  # nothing else in flight: it leads
     assert client._transport.call("ping")["session"] == session
+
+
+def _threads_reading_pushes(client: Any) -> list[str]:
+    """The names of the threads that dispatch the client's pushed messages, in order."""
+    subscriptions, names = client._subscriptions, []
+    pushed = subscriptions.pushed
+
+    def noting(push: wire.Push) -> None:
+        names.append(threading.current_thread().name)
+        pushed(push)
+
+    subscriptions.pushed = noting  # the transport calls its consumer's, this instance's
+    return names
+
+
+def test_a_subscription_s_handler_thread_reads_its_messages_from_the_socket(broker):
+    """Given a client whose one subscription waits for messages, when they come one at a
+    time, then its handler thread reads each from the socket itself: none is handed over
+    by the I/O thread (docs/performance.md, "The SDK's hand-offs")."""
+    publisher, consumer = broker.client(), broker.client()
+    publisher.register_endpoint(A)
+    handled: list[Any] = []
+    consumer.subscribe(A, handled.append)
+    readers = _threads_reading_pushes(consumer)
+    for n in range(5):
+        publisher.publish(A, n, sender=SENDER)
+        wait_for(lambda n=n: len(handled) == n + 1, what=f"message {n} handled")
+    assert [e.payload for e in handled] == list(range(5))
+    assert readers == ["relay-handler"] * 5, readers
+
+
+def test_while_a_handler_runs_the_socket_is_read_for_another_subscription(broker):
+    """Given a handler thread that read its message from the socket and is busy with it,
+    when a message for another subscription of the same client comes, then that one is
+    handled meanwhile: a busy handler does not keep the socket unread for others."""
+    publisher, consumer = broker.client(), broker.client()
+    for subject in (A, B):
+        publisher.register_endpoint(subject)
+    entered, release, on_b = threading.Event(), threading.Event(), threading.Event()
+
+    def busy(_envelope: Any) -> None:
+        entered.set()
+        release.wait(30)
+
+    consumer.subscribe(B, lambda _envelope: on_b.set())
+    consumer.subscribe(A, busy)
+    try:
+        publisher.publish(A, "work", sender=SENDER)
+        assert entered.wait(10), "A's handler started"
+        publisher.publish(B, "other", sender=SENDER)
+        assert on_b.wait(10), "B's message handled while A's handler is busy"
+    finally:
+        release.set()

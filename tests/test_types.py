@@ -646,3 +646,12 @@ def test_a_signal_map_one_field_off_is_refused_with_the_same_error_either_way(ch
     with pytest.raises(type(from_wire.value)) as checked:
         Signal.checked_wire({**good, **change})
     assert checked.value.message == from_wire.value.message
+
+
+@pytest.mark.parametrize("number", [b"1e999", b"-1e999"], ids=["inf", "-inf"])
+def test_a_message_file_whose_payload_overflows_a_float_is_refused(number: bytes) -> None:
+    """`Envelope.from_json` does not walk the decoded payload again: the decoder itself
+    must refuse what JSON cannot hold (a number beyond a float's range reads as inf)."""
+    data = make_envelope(payload={"x": 1}).to_json().replace(b'"x":1', b'"x":' + number)
+    with pytest.raises(InvalidMessage, match="not a finite number"):
+        Envelope.from_json(data)
