@@ -173,33 +173,22 @@ class Subscriptions:
         # lock then (the I/O thread is about to ask it for the socket), it looks again.
         if not self._answers_lock.acquire(blocking=not following):
             return now
-        try:
-            return self._send_due_locked(workers, now, send, following=following)
+        try:  # close() sets _ending under the lock: no answer after "bye"
+            if self._ending:
+                return None
+            due, next_due = [], None
+            for worker in workers:
+                handled, deadline = worker.take_due(now, following=following)
+                if deadline is not None:
+                    next_due = deadline if next_due is None else min(next_due, deadline)
+                due += handled
+            if due:
+                for delivery, _ in due:
+                    self.answered(delivery.id, delivery.endpoint, delivery.deliveries)
+                send([answer_of(delivery, error) for delivery, error in due])
+            return next_due
         finally:
             self._answers_lock.release()
-
-    def _send_due_locked(
-        self,
-        workers: list[SubscriptionWorker],
-        now: float,
-        send: Callable[[list[Request]], None],
-        *,
-        following: bool,
-    ) -> float | None:
-        """(Under _answers_lock: close() sets _ending under it, no answer after "bye".)"""
-        if self._ending:
-            return None
-        due, next_due = [], None
-        for worker in workers:
-            handled, deadline = worker.take_due(now, following=following)
-            if deadline is not None:
-                next_due = deadline if next_due is None else min(next_due, deadline)
-            due += handled
-        if due:
-            for delivery, _ in due:
-                self.answered(delivery.id, delivery.endpoint, delivery.deliveries)
-            send([answer_of(delivery, error) for delivery, error in due])
-        return next_due
 
     # ------------------------------------------------------------------ renewing
 
