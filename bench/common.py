@@ -9,11 +9,13 @@ moment of the machine hits both alike. Each row puts Relay beside its ceiling.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import multiprocessing
 import os
 import shutil
 import statistics
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -117,6 +119,22 @@ def remove_when_done(path: str | os.PathLike[str]) -> None:
     (ext4 mounted with discard) a mass delete slows the file creation of the following
     seconds, which would land on the next module's figures (docs/performance.md)."""
     atexit.register(shutil.rmtree, path, True)
+
+
+@contextlib.contextmanager
+def stand_in_at(home: Path, serve: Callable[[str], None]) -> Iterator[str]:
+    """A process running ``serve(address)`` in place of a broker, on an ipc:// address
+    in ``home``; the address, then the process killed and ``home`` left to
+    `remove_when_done`."""
+    address = f"ipc://{home}/stand-in.sock"
+    spawn = multiprocessing.get_context("spawn")
+    process = spawn.Process(target=serve, args=(address,), daemon=True)
+    process.start()
+    try:
+        yield address
+    finally:
+        process.kill()
+        remove_when_done(home)
 
 
 def stop_broker(broker) -> None:

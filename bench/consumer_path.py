@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import statistics
 import tempfile
@@ -38,7 +37,7 @@ from typing import Any
 import zmq
 
 import sdk.transport as transport
-from bench.common import remove_when_done, stop_broker
+from bench.common import remove_when_done, stand_in_at, stop_broker
 from sdk import subscription, subscriptions, wire
 from sdk.client import Client
 from sdk.ids import new_id
@@ -225,12 +224,7 @@ def main() -> None:
             print(json.dumps(figures, indent=None if args.json else 1), flush=True)
 
     if args.stand_in:
-        address = f"ipc://{home}/stand-in.sock"
-        process = multiprocessing.get_context("spawn").Process(
-            target=stand_in, args=(address,), daemon=True
-        )
-        process.start()
-        try:
+        with stand_in_at(home, stand_in) as address:
             consumer = Client(address, timeout=30)
             consumer.subscribe(SUBJECT, on_message)
             stand_in_round(consumer, 300, args.rate, seen)  # warm
@@ -238,9 +232,6 @@ def main() -> None:
                 consumer, consumer, lambda: stand_in_round(consumer, args.count, args.rate, seen)
             )
             consumer.close()
-        finally:
-            process.kill()
-            remove_when_done(home)
         return
     broker = Broker(shards=2, home=home)
     broker.start()

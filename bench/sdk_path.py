@@ -20,7 +20,6 @@ outside: the median time of each stage. A measurement: nothing is asserted.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import statistics
 import tempfile
@@ -31,7 +30,7 @@ from typing import Any
 import zmq
 
 import sdk.transport as transport
-from bench.common import remove_when_done, stop_broker
+from bench.common import remove_when_done, stand_in_at, stop_broker
 from sdk import wire
 from sdk.client import Client
 from tests.harness import Broker
@@ -176,16 +175,8 @@ def main() -> None:
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="relay-sdk-path-"))
     if args.stand_in:
-        address = f"ipc://{home}/stand-in.sock"
-        process = multiprocessing.get_context("spawn").Process(
-            target=stand_in, args=(address,), daemon=True
-        )
-        process.start()
-        try:
+        with stand_in_at(home, stand_in) as address:
             measure(Client(address), args)
-        finally:
-            process.kill()
-            remove_when_done(home)
         return
     broker = Broker(shards=2, home=home)
     broker.start()
