@@ -36,8 +36,17 @@ class IndexChanges:
 
     def commit(self, index: MessageIndex) -> None:
         fsync_dirs(sorted(self.dirs - self.synced))
-        kinds = (self.inserts, self.rows, self.claims, self.dones, self.fails, self.requeues)
-        if any(kinds) or self.deletes:
+        if any(
+            (
+                self.inserts,
+                self.rows,
+                self.claims,
+                self.dones,
+                self.fails,
+                self.requeues,
+                self.deletes,
+            )
+        ):
             index.write(
                 inserts=self.inserts,
                 rows=self.rows,
