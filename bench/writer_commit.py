@@ -57,6 +57,7 @@ def relay_commit(root: str, writer: int, batch: int, index: bool = True) -> Call
 
     from sdk.ids import new_id
     from sdk.paths import Home
+    from sdk.sockets import recv_parts
     from sdk.subjects import endpoint_hash
     from workers import protocol as proto
     from workers.writer import Writer
@@ -87,7 +88,7 @@ def relay_commit(root: str, writer: int, batch: int, index: bool = True) -> Call
             items.append((header, body))
         relay._process([proto.deliver(items)])
         relay._on_inotify()  # its own renames, read back as the serving loop does
-        answers.recv_multipart()
+        recv_parts(answers, 0)  # as the router reads it (sdk/sockets.py)
 
     return commit
 

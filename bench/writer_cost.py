@@ -2,13 +2,16 @@
 process: no router, no client, so a counter of the whole process (``strace -f -c``,
 ``valgrind --tool=callgrind``) counts the writer.
 
-``python -m bench.writer_cost [--only handler|batch|floor] [--blocks N] [--per-block M]``
+``python -m bench.writer_cost [--only handler|frames|batch|floor] [--blocks N] [--per-block M]``
 
 - ``handler`` (publish -> handler at 1,000/s): a real `Writer` (workers/writer.py) stores
   one copy claimed into ``cur/`` per commit, as the router has it do for a waiting
   consumer, and every `ACKS` copies takes their ``done`` operations (one frame each, as
   the router sends them) in one commit. Its answers are read back from its results
   socket.
+- ``frames``: the bench's own part of ``handler``, without a writer: the ids, headers
+  and frames it makes for the writer (the router's work in a broker). ``handler`` minus
+  ``frames`` is the writer's.
 - ``batch`` (100 in flight): a commit of 27 copies over four mailboxes into ``new/``, its
   own renames read back from inotify, as `bench.writer_commit` does.
 - ``floor``: floor (e)'s writer steps for the handler path (bench/floors.py
@@ -38,6 +41,7 @@ from bench.workload import SENDER, envelope
 from bench.writer_commit import floor_index, relay_commit
 from sdk.ids import new_id
 from sdk.paths import Home
+from sdk.sockets import recv_parts
 from sdk.subjects import endpoint_hash
 from workers import protocol as proto
 from workers.fsio import fsync_dir
@@ -58,6 +62,27 @@ def handler(root: str) -> Callable[[], None]:
     answers.bind(home.results_address)
     writer.start()
     writer._watch(endpoint)
+
+    def answered(frames: list[list[bytes]]) -> None:
+        writer._process(frames)
+        for _ in frames:  # read as the router reads them (sdk/sockets.py)
+            recv_parts(answers, 0)
+
+    return _handler_frames(subject, endpoint, answered)
+
+
+def frames(root: str) -> Callable[[], None]:
+    """`handler`'s ids, headers and frames, handed to no writer."""
+    subject = "relay.agent.bench.sink"
+    return _handler_frames(subject, endpoint_hash(subject), lambda _frames: None)
+
+
+def _handler_frames(
+    subject: str, endpoint: str, process: Callable[[list[list[bytes]]], None]
+) -> Callable[[], None]:
+    """The handler path's frames, as the router sends them: a ``deliver`` of one copy
+    stored claimed per message, and every ACKS messages their ``done`` operations in
+    one batch; ``process`` hands them to the writer."""
     body, token, unacked = envelope(0), [0], []
 
     def message() -> None:
@@ -65,15 +90,10 @@ def handler(root: str) -> Callable[[], None]:
         header = proto.DeliveryHeader(
             token[0], new_id(), endpoint, subject, SENDER, int(time.time() * 1000), "cur"
         )
-        writer._process([proto.deliver([(header, body)])])
-        answers.recv_multipart()
+        process([proto.deliver([(header, body)])])
         unacked.append(header.id)
         if len(unacked) == ACKS:
-            writer._process(
-                [proto.op(n, "done", id=i, endpoint=endpoint) for n, i in enumerate(unacked)]
-            )
-            for _ in unacked:
-                answers.recv_multipart()
+            process([proto.op(n, "done", id=i, endpoint=endpoint) for n, i in enumerate(unacked)])
             unacked.clear()
 
     return message
@@ -117,7 +137,7 @@ def floor(root: str) -> Callable[[], None]:
     return message
 
 
-CONTENDERS = {"handler": handler, "batch": batch, "floor": floor}
+CONTENDERS = {"handler": handler, "frames": frames, "batch": batch, "floor": floor}
 
 
 def main() -> None:

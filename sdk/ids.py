@@ -19,7 +19,8 @@ from sdk.errors import InvalidMessage
 
 _RANDOM_BITS = 80
 _RANDOM_MAX = (1 << _RANDOM_BITS) - 1
-ULID_RE = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}$")
+# Matched whole (`fullmatch`): with match, "$" also matched before a final newline.
+ULID_RE = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # the ULID alphabet
 _DIGIT_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]  # 10 bits -> 2 digits
 _PAIR_SHIFTS = range(120, -1, -10)  # 13 pairs: the 26 digits of 130 bits
@@ -65,7 +66,7 @@ def new_id(now_ms: int | None = None) -> str:
 
 
 def is_id(value: object) -> bool:
-    return isinstance(value, str) and ULID_RE.match(value) is not None
+    return isinstance(value, str) and ULID_RE.fullmatch(value) is not None
 
 
 def check_id(value: object, field: str = "id") -> str:

@@ -19,3 +19,15 @@ def test_ids_of_one_millisecond_strictly_increase_and_carry_it():
     issued = [ids.new(1_764_108_000_000) for _ in range(1000)]
     assert issued == sorted(set(issued))
     assert all(is_id(i) and id_time_ms(i) == 1_764_108_000_000 for i in issued)
+
+
+@given(st.text(alphabet="0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcz\n\x00é-", max_size=30))
+def test_is_id_accepts_exactly_26_upper_case_crockford_digits(text):
+    crockford = set("0123456789ABCDEFGHJKMNPQRSTVWXYZ")
+    assert is_id(text) == (len(text) == 26 and set(text) <= crockford)
+
+
+def test_an_id_with_a_trailing_newline_is_not_an_id():
+    # a regex's "$" matches before a final newline; an id becomes a file name
+    assert not is_id("01KB0000000000000000000000\n")
+    assert is_id("01KB0000000000000000000000")

@@ -61,7 +61,21 @@ from workers.sqlite import checkpoint_and_close, migrate, open_db, transaction, 
 CACHE_KIB = 16 * 1024
 MAX_QUERY_LIMIT = 10_000  # rows per page of `query`; a larger limit is cut to this
 
-_record_tuple = operator.attrgetter(*COLUMNS)
+# A record as its row: a tuple in COLUMNS order.
+record_row: Callable[[MessageRecord], tuple] = operator.attrgetter(*COLUMNS)
+
+
+def _fail_statements(fails: Iterable[tuple]) -> list[tuple[str, list[tuple]]]:
+    """The FAIL_SIZED and FAIL rows of `MessageIndex.write`'s ``fails``."""
+    sized, unsized = [], []
+    for fail in fails:
+        i, e, at, reason, code, *rest = fail
+        if rest:
+            size, n = rest if len(rest) == 2 else (rest[0], 0)
+            sized.append((at, reason, code, n, size, i, e))
+        else:
+            unsized.append((at, reason, code, 0, i, e))
+    return [(sql, rows) for sql, rows in ((FAIL_SIZED, sized), (FAIL, unsized)) if rows]
 
 
 def _record(row: Sequence) -> MessageRecord:
@@ -113,6 +127,11 @@ class MessageIndex:
         self.readonly = readonly
         try:
             self._conn = open_db(self.path, readonly=readonly)
+            # One cursor for every group commit's statements, BEGIN and COMMIT with
+            # them: ``Connection.execute`` and ``cursor()`` make a cursor each call, and
+            # a cursor made and freed costs about as much as the row it writes
+            # (docs/performance.md, "The writer's commit, function by function").
+            self._cursor = self._conn.cursor()
             self._conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
             if not readonly:
                 migrate(self._conn, MIGRATIONS)
@@ -146,12 +165,15 @@ class MessageIndex:
         fails: Iterable[tuple] = (),
         requeues: Iterable[tuple[str, str]] = (),
         deletes: Iterable[tuple[str, str]] = (),
+        rows: Sequence[Sequence] = (),
     ) -> None:
         """Apply one group commit in ONE transaction, in this order: inserts, claims,
         dones, fails, requeues, deletes (a batch that moves one message twice must
         list its changes so that this order is right, or be split).
 
-        - inserts: MessageRecord (an existing (id, endpoint) row is replaced)
+        - inserts: MessageRecord (an existing (id, endpoint) row is replaced); rows:
+          more inserts, as tuples in COLUMNS order (`record_row`), which is how the
+          writer builds its deliveries' rows: no record object per copy
         - claims: (id, endpoint, claimed_at, deliveries): deliveries counts this
           hand-out (1 the first time); dones: (id, endpoint, done_at), the count kept
         - fails: (id, endpoint, failed_at, reason, code[, size[, deliveries]]); size is
@@ -160,31 +182,28 @@ class MessageIndex:
           file's deadLetter records (0, the default, when it records none)
         - requeues, deletes: (id, endpoint); a requeued row counts 0 hand-outs
         """
-        sized, unsized = [], []
-        for fail in fails:
-            i, e, at, reason, code, *rest = fail
-            if rest:
-                size, n = rest if len(rest) == 2 else (rest[0], 0)
-                sized.append((at, reason, code, n, size, i, e))
-            else:
-                unsized.append((at, reason, code, 0, i, e))
         # Only the statements that have rows: a group commit holds one or two kinds,
-        # and an executemany over nothing still looks its statement up (8 a commit).
-        statements = (
-            (INSERT, [_record_tuple(record) for record in inserts]),
-            (CLAIM, [(c, n, i, e) for i, e, c, n in claims]),
-            (DONE, [(d, i, e) for i, e, d in dones]),
-            (FAIL_SIZED, sized),
-            (FAIL, unsized),
-            (REQUEUE, list(requeues)),
-            (DELETE, list(deletes)),
-        )
-        cursor = self._conn.cursor()
+        # and an executemany over nothing still looks its statement up.
+        statements: list[tuple[str, Iterable[Sequence]]] = []
+        if records := [record_row(record) for record in inserts]:
+            statements.append((INSERT, records))
+        if rows:
+            statements.append((INSERT, rows))
+        if claims := [(c, n, i, e) for i, e, c, n in claims]:
+            statements.append((CLAIM, claims))
+        if dones := [(d, i, e) for i, e, d in dones]:
+            statements.append((DONE, dones))
+        if fails:
+            statements.extend(_fail_statements(fails))
+        if requeues := list(requeues):
+            statements.append((REQUEUE, requeues))
+        if deletes := list(deletes):
+            statements.append((DELETE, deletes))
+        cursor = self._cursor
         try:
-            with transaction(self._conn):
-                for sql, rows in statements:
-                    if rows:
-                        cursor.executemany(sql, rows)
+            with transaction(cursor):
+                for sql, changed in statements:
+                    cursor.executemany(sql, changed)
         except apsw.Error as exc:
             raise StorageError(f"index write failed: {exc}") from exc
 
@@ -223,7 +242,7 @@ class MessageIndex:
         about twice as fast as keeping it up to date row by row (bench_storage,
         "rebuild").
         """
-        return self.rebuild_rows(_record_tuple(record) for record in records)
+        return self.rebuild_rows(record_row(record) for record in records)
 
     def rebuild_rows(self, rows: Iterable[Sequence]) -> int:
         """`rebuild` from tuples in COLUMNS order (what `scan.iter_rows` yields)."""

@@ -17,6 +17,8 @@ class IndexChanges:
     def _clear(self) -> None:
         """Empty, ready for the next commit (a commit may happen mid-batch, see rebuild)."""
         self.inserts: list[MessageRecord] = []
+        # the deliveries' rows, tuples in COLUMNS order (`workers.index.record_row`)
+        self.rows: list[tuple] = []
         # (id, endpoint, claimed_at, deliveries): deliveries counts this hand-out
         self.claims: list[tuple[str, str, int, int]] = []
         self.dones: list[tuple[str, str, int]] = []
@@ -34,9 +36,20 @@ class IndexChanges:
 
     def commit(self, index: MessageIndex) -> None:
         fsync_dirs(sorted(self.dirs - self.synced))
-        if any((self.inserts, self.claims, self.dones, self.fails, self.requeues, self.deletes)):
+        if any(
+            (
+                self.inserts,
+                self.rows,
+                self.claims,
+                self.dones,
+                self.fails,
+                self.requeues,
+                self.deletes,
+            )
+        ):
             index.write(
                 inserts=self.inserts,
+                rows=self.rows,
                 claims=self.claims,
                 dones=self.dones,
                 fails=self.fails,

@@ -54,7 +54,7 @@ from workers.index_changes import IndexChanges
 from workers.inotify_events import read_events
 from workers.maildir import Mailbox
 from workers.process import run_until_stopped
-from workers.records import MessageRecord, State
+from workers.records import State
 from workers.scan import read_record
 
 BEFORE_INDEX_COMMIT = "writer.before_index_commit"
@@ -261,22 +261,24 @@ class Writer:
                 changes.stored_claimed.append((h.endpoint, h.id))
             if h.target == proto.TARGET_NEW:
                 self._own_renames.add((h.endpoint, h.id))
-            changes.inserts.append(
-                MessageRecord(
-                    id=h.id,
-                    endpoint=h.endpoint,
-                    subject=h.subject,
-                    sender=h.sender,
-                    state=_STORED_STATE[h.target],
-                    created_at=h.created_at,
-                    stored_at=outcome,
-                    claimed_at=outcome if claimed else None,
-                    finished_at=h.failed_at if failed else None,
-                    reason=h.reason,
-                    reason_code=h.code,
-                    size=len(data),
-                    parent_id=h.parent_id,
-                    deliveries=1 if claimed else 0,  # stored claimed: handed out once
+            # The row in COLUMNS order (workers/index_sql.py), as a MessageRecord would
+            # give it: a tuple, not a record object per copy.
+            changes.rows.append(
+                (
+                    h.id,
+                    h.endpoint,
+                    h.subject,
+                    h.sender,
+                    _STORED_STATE[h.target],
+                    h.created_at,
+                    outcome,  # stored_at
+                    outcome if claimed else None,  # claimed_at
+                    h.failed_at if failed else None,  # finished_at
+                    h.reason,
+                    h.code,  # reason_code
+                    len(data),  # size
+                    h.parent_id,
+                    1 if claimed else 0,  # deliveries: stored claimed, handed out once
                 )
             )
             results.append(proto.Stored(h.token, h.id, h.endpoint, outcome, None, None, h.target))
