@@ -15,6 +15,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -65,6 +66,17 @@ def interleave_figures(
         name: {key: statistics.median(values) for key, values in figures.items()}
         for name, figures in seen.items()
     }
+
+
+def paced(count: int, per_second: float) -> Iterator[int]:
+    """0 to ``count`` - 1, each at its time of a fixed rate from now (sleeping until
+    then; one that is late comes at once): an offered load, as the handler row's."""
+    start = time.monotonic()
+    for n in range(count):
+        delay = start + n / per_second - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        yield n
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -37,7 +37,7 @@ from typing import Any
 import zmq
 
 import sdk.transport as transport
-from bench.common import remove_when_done, stand_in_at, stop_broker
+from bench.common import paced, remove_when_done, stand_in_at, stop_broker
 from sdk import subscription, subscriptions, wire
 from sdk.client import Client
 from sdk.ids import new_id
@@ -160,11 +160,7 @@ def stand_in_round(client: Client, count: int, rate: float, seen: list[int]) -> 
 
 def run_round(publisher: Any, count: int, rate: float, seen: list[int], t0: dict) -> None:
     futures = []
-    start = time.monotonic()
-    for n in range(count):
-        delay = start + n / rate - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
+    for n in paced(count, rate):
         t0[n] = time.monotonic_ns()
         futures.append(publisher.publish_async(SUBJECT, {**PAYLOAD, "n": n}, sender=SENDER))
     for future in futures:

@@ -145,7 +145,9 @@ class Client:
         """Publish without waiting; the future resolves to a PublishResult (or a
         Timeout after ``timeout`` seconds, default the client's)."""
         fields = _publish_fields(subject, payload, sender, reply_to, budget, parent_id)
-        return _publish_result(self.send_request("publish", timeout=timeout, **fields))
+        return self._transport.send_request(
+            "publish", timeout=timeout, convert=PublishResult.from_wire, **fields
+        )
 
     def publish(
         self,
@@ -248,14 +250,14 @@ class Client:
         timeout: float | None = None,
     ) -> Future:
         """`ingest` without waiting; the future resolves to a PublishResult."""
-        raw = self.send_request(
+        return self._transport.send_request(
             "ingest",
             timeout=timeout,
+            convert=PublishResult.from_wire,
             node=node,
             subjects=list(subjects),
             envelope=envelope.to_wire(),
         )
-        return _publish_result(raw)
 
     def ingest(
         self,
@@ -604,19 +606,3 @@ def _fetch_fields(pattern: str, batch: int, wait: float, ack_wait: float | None)
     if ack_wait is not None:
         fields["ackWait"] = _ms(ack_wait, "ack_wait")
     return fields
-
-
-def _publish_result(raw: Future) -> Future:
-    """A future of the reply to a publish (or ingest), resolving to a PublishResult."""
-    result: Future = Future()
-
-    def convert(done: Future) -> None:
-        if result.cancelled():
-            return
-        try:
-            result.set_result(PublishResult.from_wire(done.result()))
-        except BaseException as exc:
-            result.set_exception(exc)
-
-    raw.add_done_callback(convert)
-    return result

@@ -30,11 +30,9 @@ from zmq.backend import zmq_poll
 
 NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE = int(zmq.SNDMORE)
-_RCVMORE = int(zmq.RCVMORE)
 _POLLIN = int(zmq.POLLIN)
 _send = _CompiledSocket.send
 _recv = _CompiledSocket.recv
-_get = _CompiledSocket.get
 
 # What `waiting` polls: [(socket, POLLIN)], built once per socket by `poll_item`.
 PollItem = list[tuple[zmq.Socket, int]]
@@ -54,10 +52,15 @@ def send_parts(sock: zmq.Socket, parts: Sequence[Any], flags: int = 0, copy: boo
 
 def recv_parts(sock: zmq.Socket, flags: int = NOBLOCK) -> list[bytes]:
     """``sock.recv_multipart(flags)``, cheaper (see the module). The parts of a message
-    arrive together, so only the first can find the socket empty (``zmq.Again``)."""
-    parts = [_recv(sock, flags, True)]
-    while _get(sock, _RCVMORE):
-        parts.append(_recv(sock, flags, True))
+    arrive together, so only the first can find the socket empty (``zmq.Again``). Each
+    part is read as a frame, which says itself whether more follow, and copied out:
+    asking ``RCVMORE`` of the compiled socket makes an enum of the option each time
+    (3.8 against 2.8 µs for a three-part push, sent and read, here)."""
+    frame = _recv(sock, flags, False)
+    parts = [frame.bytes]
+    while frame.more:
+        frame = _recv(sock, flags, False)
+        parts.append(frame.bytes)
     return parts
 
 

@@ -13,12 +13,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sdk.errors import RelayError
 from sdk.transport import Bell, Request
 from sdk.types import Envelope
+from sdk.wire import Push
 
 log = logging.getLogger("relay.client")
 
@@ -42,15 +42,9 @@ class Nack(Exception):
         self.reason, self.code = reason, code
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """A message pushed to a subscription, before it is parsed."""
-
-    sub: int
-    id: str
-    endpoint: str
-    data: bytes
-    deliveries: int = 1  # which hand-out: its answer names it
+# A message pushed to a subscription, before it is parsed: the push as decoded, queued
+# as it is (its ``deliveries``, which hand-out it is, is what its answer names).
+Delivery = Push
 
 
 class Answers(Protocol):
@@ -187,15 +181,22 @@ class SubscriptionWorker:
         no hand-off from the I/O thread), else it waits on the queue for what the I/O
         thread (or another thread reading the socket) dispatches to it."""
         while True:
-            with contextlib.suppress(queue.Empty):
-                delivery = self.queue.get_nowait()
+            # Asked first: a get that finds the queue empty raises, dearer than asking,
+            # and it is empty each time this thread has handled what came.
+            if not self.queue.empty():
+                try:
+                    delivery = self.queue.get_nowait()
+                except queue.Empty:  # stop() discarded it meanwhile: its None follows
+                    continue
                 self._tell_io()
                 return delivery
             if self._stop_rung or self.answers.follow(self):
                 continue
             self._tell_io()
-            with contextlib.suppress(queue.Empty):
+            try:
                 return self.queue.get(timeout=FOLLOW_RETRY_S)
+            except queue.Empty:
+                pass
 
     def _tell_io(self) -> None:
         """This thread stops watching its answers' deadline (it runs a handler, or

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from sdk import wire
 from sdk.errors import RelayError
-from sdk.subscription import Delivery, Handler, SubscriptionWorker, answer_of
+from sdk.subscription import Handler, SubscriptionWorker, answer_of
 from sdk.transport import Follower, ReplyHook, Request
 
 log = logging.getLogger("relay.client")
@@ -122,11 +122,10 @@ class Subscriptions:
         worker = self.workers.get(push.sub)
         if worker is None:
             return
-        delivery = Delivery(push.sub, push.id, push.endpoint, push.data, push.deliveries)
         if worker.mode == "consume":
             ack_wait = worker.fields.get("ackWait")
-            self._connection.holding(delivery.id, delivery.endpoint, delivery.deliveries, ack_wait)
-        worker.queue.put(delivery)
+            self._connection.holding(push.id, push.endpoint, push.deliveries, ack_wait)
+        worker.queue.put(push)
 
     def expects_pushes(self, besides: object = None) -> bool:
         return bool(self._starting) or any(w is not besides for w in self.workers.values())

@@ -45,7 +45,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Protocol
@@ -58,7 +58,7 @@ from sdk.curve import CurveKeys
 from sdk.errors import NotAuthorized, RelayError, Timeout, Unavailable
 from sdk.holdings import Holdings
 from sdk.quiet import QuietSignals
-from sdk.sockets import NOBLOCK, send_parts
+from sdk.sockets import NOBLOCK, PollItem, poll_item, recv_parts, send_parts, waiting
 
 log = logging.getLogger("relay.client")
 
@@ -167,6 +167,7 @@ class Transport:
         # a read); a follower that finds the socket taken waits for it (`follow`).
         self._io_free = threading.Event()
         self._io_free.set()
+        self._holding = HoldingDealer(self)
         self._ping_out = False  # a ping's reply is awaited (by the I/O thread)
         self._queued = 0  # items callers put on the inproc queue (under _lock)
         self._taken = 0  # items the I/O thread took from it (by it alone)
@@ -174,6 +175,7 @@ class Transport:
         outbox_addr = f"inproc://relay-client-{next(_numbers)}"
         self._outbox_in = self._ctx.socket(zmq.PULL)
         self._outbox_in.bind(outbox_addr)
+        self._outbox_item = poll_item(self._outbox_in)
         self._outbox = self._ctx.socket(zmq.PUSH)
         self._outbox.setsockopt(zmq.LINGER, 0)
         self._outbox.connect(outbox_addr)
@@ -228,17 +230,20 @@ class Transport:
         *,
         timeout: float | None = None,
         on_reply: ReplyHook | None = None,
+        convert: Callable[[Any], Any] | None = None,
         **fields: Any,
     ) -> Future:
         """Send one request; the future holds the result or the typed error (a Timeout
         when no reply comes within ``timeout``, default the transport's). ``on_reply``
-        runs on the I/O thread with a successful result before anything read after it."""
-        return self._submit(op, timeout, on_reply, fields, lead=False)[0]
+        runs on the I/O thread with a successful result before anything read after it;
+        ``convert``, there too, makes the future's result (`Converting`)."""
+        future = Future() if convert is None else Converting(convert)
+        return self._submit(op, timeout, on_reply, fields, future, lead=False)[0]
 
     def call(self, op: str, *, timeout: float | None = None, **fields: Any) -> Any:
         """One request and its result (or typed error) within the deadline. With nothing
         else in flight or queued, the caller sends it and reads its reply itself."""
-        future, deadline = self._submit(op, timeout, None, fields, lead=True)
+        future, deadline = self._submit(op, timeout, None, fields, Future(), lead=True)
         if deadline is not None:
             self._lead(future, deadline)
         return self.wait(future, op, timeout)
@@ -249,6 +254,7 @@ class Transport:
         timeout: float | None,
         on_reply: ReplyHook | None,
         fields: dict[str, Any],
+        future: Future,
         *,
         lead: bool,
     ) -> tuple[Future, float | None]:
@@ -257,7 +263,6 @@ class Transport:
         itself. Returns its future, and its deadline when the caller holds the DEALER
         (it must `_lead`, which lets go)."""
         rid = next(self._rids)
-        future: Future = Future()
         body = wire.encode_request(op, rid, **self._acting, **fields)[1]
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         with self._lock:  # close() takes it too: no send on a closed socket
@@ -515,6 +520,7 @@ class Transport:
             self._curve.apply(dealer)
         refusals = dealer.get_monitor_socket(_REFUSED)
         dealer.connect(self.address)
+        self._dealer_item: PollItem = poll_item(dealer)
         self._dealer_fd = dealer.getsockopt(zmq.FD)
         poller.register(self._dealer_fd, zmq.POLLIN)
         self._dealer_polled = True
@@ -631,14 +637,9 @@ class Transport:
         self._dealer_lock.release()
         self._io_free.set()
 
-    @contextlib.contextmanager
-    def _holding_dealer(self) -> Iterator[None]:
+    def _holding_dealer(self) -> HoldingDealer:
         """(I/O thread) The DEALER, for sends and reads, left empty."""
-        self._take_dealer()
-        try:
-            yield
-        finally:
-            self._let_go()
+        return self._holding
 
     def _send_now(self, requests: list[Request]) -> None:
         """Send requests whose replies nobody waits for (answers whose delay passed)
@@ -685,11 +686,10 @@ class Transport:
         rids: list[int] = []
         bodies: list[bytes] = []
         taken = 0
-        while taken < wire.MAX_BATCH:  # bounded: replies and pings get their turn
-            try:
-                item = self._outbox_in.recv(zmq.NOBLOCK)  # one frame: a kind byte, its data
-            except zmq.Again:
-                break
+        # Bounded: replies and pings get their turn. Asked, not read until zmq.Again
+        # (as in `_receive`).
+        while taken < wire.MAX_BATCH and waiting(self._outbox_item):
+            item = self._outbox_in.recv(NOBLOCK)  # one frame: a kind byte, its data
             taken += 1
             self._taken += 1  # under the DEALER's lock: a caller leads only once it is sent
             kind = item[:1]
@@ -732,11 +732,12 @@ class Transport:
                     )
 
     def _receive(self) -> None:
-        while True:
-            try:
-                frames = self._dealer.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        """(The thread holding the DEALER) Read it until it is empty, dispatching what
+        came. Asked first whether a message waits (sdk/sockets.py `waiting`), rather than
+        read until `zmq.Again`: pyzmq builds that exception in Python, dearer than the
+        question, and this runs at least once each time a thread takes the socket."""
+        while waiting(self._dealer_item):
+            frames = recv_parts(self._dealer)
             try:
                 items = wire.decode_incoming_all(frames)
             except RelayError:
@@ -791,6 +792,41 @@ class Transport:
                 break
         if arrived:
             self._signals(arrived)
+
+
+class Converting(Future):
+    """A future whose result is ``convert`` of the reply's, converted by the thread
+    that sets it (the I/O thread, or a caller reading its own reply): one future per
+    request where a second one, resolved by a callback of the first, cost another
+    future, its condition and a callback per publish. What ``convert`` raises is the
+    future's exception."""
+
+    def __init__(self, convert: Callable[[Any], Any]) -> None:
+        super().__init__()
+        self._convert = convert
+
+    def set_result(self, result: Any) -> None:
+        try:
+            converted = self._convert(result)
+        except Exception as exc:
+            super().set_exception(exc)
+            return
+        super().set_result(converted)
+
+
+class HoldingDealer:
+    """``with transport._holding_dealer():`` the I/O thread holds the DEALER, and leaves
+    it read empty. One object per transport, made once: the I/O thread enters it at
+    each wake-up, and a generator-based context manager is made anew at each use."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+
+    def __enter__(self) -> None:
+        self._transport._take_dealer()
+
+    def __exit__(self, *exc: object) -> None:
+        self._transport._let_go()
 
 
 class Bell:

@@ -44,6 +44,7 @@ from sdk.fields import (
     get_field,
     get_strings,
     get_subject,
+    is_kind,
     label_of,
     loads_json,
     valid_subject,
@@ -526,42 +527,42 @@ class PublishResult:
 
     @classmethod
     def from_wire(cls, d: object, *, path: str = "result") -> Self:
+        # Every publish's reply comes through here: the labels of the errors are built
+        # only for an error.
         d = as_mapping(d, path)
         rejected = []
-        label = label_of(path, "rejected")
         for i, pair in enumerate(get_field(d, "rejected", list, path, default=[])):
+            label = f"{label_of(path, 'rejected')}[{i}]"
             if not (isinstance(pair, list | tuple) and len(pair) == 2):
-                raise InvalidMessage(
-                    f"{label}[{i}] must be a [hash, reason] pair, got {pair!r:.60}"
-                )
+                raise InvalidMessage(f"{label} must be a [hash, reason] pair, got {pair!r:.60}")
             rejected.append(
-                (
-                    check_kind(pair[0], str, f"{label}[{i}][0]"),
-                    check_kind(pair[1], str, f"{label}[{i}][1]"),
-                )
+                (check_kind(pair[0], str, f"{label}[0]"), check_kind(pair[1], str, f"{label}[1]"))
             )
-        label = label_of(path, "mailboxPressure")
-        pressure = {
-            check_kind(k, str, f"{label} key"): float(check_kind(v, float, f"{label}.{k}"))
-            for k, v in get_field(d, "mailboxPressure", dict, path, default={}).items()
-        }
-        label = label_of(path, "details")
-        details = {
-            check_kind(k, str, f"{label} key"): check_kind(v, str, f"{label}.{k}")
-            for k, v in get_field(d, "details", dict, path, default={}).items()
-        }
-        label = label_of(path, "remote")
-        remote = {
-            check_kind(node, str, f"{label} key"): tuple(
+        pressure = _string_keyed(d, "mailboxPressure", float, path)
+        details = _string_keyed(d, "details", str, path)
+        remote: dict[str, tuple[str, ...]] = {}
+        for node, subjects in get_field(d, "remote", dict, path, default={}).items():
+            label = label_of(path, "remote")
+            check_kind(node, str, f"{label} key")
+            remote[node] = tuple(
                 check_kind(s, str, f"{label}.{node}[]") for s in check_kind(subjects, list, label)
             )
-            for node, subjects in get_field(d, "remote", dict, path, default={}).items()
-        }
         return cls(
             message_id=check_id(get_field(d, "messageId", str, path), label_of(path, "messageId")),
             delivered_to=get_field(d, "deliveredTo", int, path, minimum=0),
             rejected=tuple(rejected),
-            mailbox_pressure=pressure,
-            details=details,
+            mailbox_pressure=MappingProxyType({k: float(v) for k, v in pressure.items()}),
+            details=MappingProxyType(dict(details)),
             remote=remote,
         )
+
+
+def _string_keyed(d: Mapping[str, Any], name: str, kind: type, path: str) -> dict[str, Any]:
+    """``d[name]``, an object (default empty) of string keys to values of ``kind``."""
+    value = get_field(d, name, dict, path, default={})
+    for k, v in value.items():
+        if type(k) is not str or not is_kind(v, kind):
+            label = label_of(path, name)
+            check_kind(k, str, f"{label} key")
+            check_kind(v, kind, f"{label}.{k}")
+    return value
