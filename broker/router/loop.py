@@ -3,7 +3,9 @@
 Sockets (docs/architecture.md has the map): a ROUTER for clients (requests, replies,
 pushed messages), an XPUB for signals, one ROUTER per shard writer
 (broker/router/writer_links.py), one PULL for the writers' results. One thread, one
-poll loop; every wait has a deadline.
+poll loop; every wait has a deadline. The poll holds the busy sockets (clients, signals,
+writers' results), the watched files' descriptor, and one descriptor for the sockets
+readable only at a hello, a handshake or a disconnect (broker/router/quiet_sockets.py).
 
 Each pass reads what arrived and hands it to the units, which say what to do as data:
 an operation (broker/router/operations.py) answers or queues work for the writers
