@@ -1,12 +1,13 @@
 """The router's rarely readable sockets, watched through one descriptor.
 
 ``zmq_poll`` asks every ZeroMQ socket it is given for its events twice per blocking call
-(before it waits and after it wakes), a system call each time on this machine kind:
-about 1 µs per socket per pass of the router's loop. Most of the router's sockets are
-readable only at a writer's hello (a shard socket), a connection's handshake (ZAP) or a
-disconnect (the monitors): 2N + 2 of them with N shards, each shard adding two to every
-pass (docs/performance.md, "What the second shard cost the router"). So the loop polls
-its busy sockets and one epoll descriptor over these sockets' ``ZMQ_FD``\\ s, and asks
+(before it waits and after it wakes), each time a ``poll`` of the socket's mailbox and
+a ``getpid`` (libzmq's check for a fork): about 1 µs per socket per pass of the
+router's loop. Most of the router's sockets are readable only at a writer's hello (a
+shard socket), a connection's handshake (ZAP) or a disconnect (the monitors): 2N + 2 of
+them with N shards, each shard adding two to every pass (docs/performance.md, "What the
+second shard cost the router"). So the loop polls
+its busy sockets and one epoll descriptor over the ``ZMQ_FD`` of each of these, and asks
 them for their events only when that descriptor is readable (and at each sweep).
 
 A socket's ``ZMQ_FD`` is its command mailbox, not its messages: it becomes readable
