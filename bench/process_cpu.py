@@ -1,13 +1,15 @@
 """CPU per publish of each broker process at 100 in flight, beside floor (e).
 
-``python -m bench.process_cpu [--rounds N] [--label L]`` starts a 2-shard broker and
-floor (e) (bench/floors.py `RawPipeline`), then, per round, runs (e)'s 100-in-flight
-publishes and Relay's (the broker bench's row, bench/relay_broker.py) and prints one
-JSON line: both rates, their ratio, and the CPU µs per publish of the router, each
-writer and the benchmark's own process, split into user and system time and per
-thread (/proc/<pid>/task/*/stat, counted in clock ticks: about 3 µs per publish over a
-round of 3,000). To compare two trees, run it in each in turn (A B A B ...), as
-docs/performance.md ("The router's and writers' CPU per publish") did.
+``python -m bench.process_cpu [--rounds N] [--shards N] [--label L]`` starts a broker
+(2 shards unless told) and floor (e) (bench/floors.py `RawPipeline`), then, per round,
+runs (e)'s 100-in-flight publishes and Relay's (the broker bench's row,
+bench/relay_broker.py) and prints one JSON line: both rates, their ratio, and the CPU µs
+per publish of the router, each writer and the benchmark's own process: ``cpu`` in
+clock ticks (/proc/<pid>/task/*/stat: about 3 µs per publish over a round of 3,000),
+split into user and system time and per thread in ``threads``; ``cpu_exact`` the same
+totals from the scheduler's nanosecond run times (/proc/<pid>/task/*/schedstat), which
+a tick's rounding does not blur. To compare two trees, run it in each in turn (A B A B
+...), as docs/performance.md ("The router's and writers' CPU per publish") did.
 """
 
 from __future__ import annotations
@@ -36,6 +38,15 @@ def thread_ticks(pid: int) -> Ticks:
     return ticks
 
 
+def run_ns(pid: int) -> int:
+    """The nanoseconds on a CPU of a process's threads, from the scheduler's count."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as schedstat:
+            total += int(schedstat.read().split()[0])
+    return total
+
+
 def per_publish(before: Ticks, after: Ticks, count: int) -> dict[str, list[float]]:
     """µs [user, system] per publish, by thread name (threads of one name summed)."""
     tick_us = 1_000_000 / os.sysconf("SC_CLK_TCK")
@@ -52,18 +63,21 @@ def per_publish(before: Ticks, after: Ticks, count: int) -> dict[str, list[float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--label", default="")
     args = parser.parse_args()
     base = base_dir()
     pipeline = RawPipeline(base)
-    relay = RelayBroker(2, base / "home-2")
+    relay = RelayBroker(args.shards, base / f"home-{args.shards}")
     pids = {name: proc.pid for name, proc in relay.broker.procs.items()}
     pids["bench"] = os.getpid()
     try:
         for round_no in range(args.rounds):
             floor = pipeline.pipelined()["rate"]
             before = {name: thread_ticks(pid) for name, pid in pids.items()}
+            ns_before = {name: run_ns(pid) for name, pid in pids.items()}
             rate = relay.in_flight(PIPELINED_N, relay.spread, 1)["rate"]
+            ns_after = {name: run_ns(pid) for name, pid in pids.items()}
             after = {name: thread_ticks(pid) for name, pid in pids.items()}
             threads = {name: per_publish(before[name], after[name], PIPELINED_N) for name in pids}
             cpu = {
@@ -72,7 +86,12 @@ def main() -> None:
             }
             figures = {"label": args.label, "round": round_no, "relay": round(rate)}
             figures.update({"e": round(floor), "ratio": round(rate / floor, 3)})
-            figures.update({"load": os.getloadavg()[0], "cpu": cpu, "threads": threads})
+            exact = {
+                name: round((ns_after[name] - ns_before[name]) / 1000 / PIPELINED_N, 1)
+                for name in pids
+            }
+            figures.update({"load": os.getloadavg()[0], "cpu": cpu, "cpu_exact": exact})
+            figures["threads"] = threads
             print(json.dumps(figures), flush=True)
     finally:
         relay.cleanup()

@@ -1,11 +1,11 @@
 """The router's instructions per publish and per consumed message, counted by callgrind.
 
 ``python -m bench.router_instructions [--workload in_flight|handler] [--count N]
-[--rate R] [--out DIR]`` starts a 2-shard broker whose router runs under
-``valgrind --tool=callgrind`` (writers and clients run natively), warms it as the
-broker bench does (bench/relay_broker.py), then counts the router's instructions over
-one workload only (``callgrind_control`` switches the count on before it and dumps it
-after):
+[--rate R] [--shards N] [--out DIR]`` starts a broker (2 shards unless told) whose
+router runs under ``valgrind --tool=callgrind`` (writers and clients run natively),
+warms it as the broker bench does (bench/relay_broker.py), then counts the router's
+instructions over one workload only (``callgrind_control`` switches the count on before
+it and dumps it after):
 
 - ``in_flight``: N publishes, 100 in flight, over the bench's 8 endpoints (the router
   CPU row of issue 27);
@@ -92,16 +92,18 @@ def main() -> None:
     parser.add_argument("--workload", choices=("in_flight", "handler"), default="in_flight")
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--rate", type=float, default=20.0)
+    parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("build/callgrind"))
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed")
     args.out.mkdir(parents=True, exist_ok=True)
-    out = (args.out / f"router-{args.workload}.%p").resolve()
+    out = (args.out / f"router-{args.workload}-{args.shards}.%p").resolve()
     wrapper = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
     wrapper.append(f"--callgrind-out-file={out}")
     base = base_dir()
-    relay = RelayBroker(2, base / "home-2", router_wrapper=wrapper, ready_timeout=READY_S)
+    home = base / f"home-{args.shards}"
+    relay = RelayBroker(args.shards, home, router_wrapper=wrapper, ready_timeout=READY_S)
     pid = relay.broker.procs["router"].pid
     try:
         time.sleep(1.0)  # the ack of the warm-up's last messages
@@ -117,10 +119,11 @@ def main() -> None:
     finally:
         relay.cleanup()
         remove_when_done(base)
-    dump = args.out / f"router-{args.workload}.{pid}.1"  # the first (only) dump
+    dump = args.out / f"router-{args.workload}-{args.shards}.{pid}.1"  # the first (only) dump
     instructions, passes = totals(dump)
     figures = {
         "workload": args.workload,
+        "shards": args.shards,
         "count": args.count,
         "instructions": instructions,
         "per_message": round(instructions / args.count),

@@ -3,7 +3,9 @@
 Sockets (docs/architecture.md has the map): a ROUTER for clients (requests, replies,
 pushed messages), an XPUB for signals, one ROUTER per shard writer
 (broker/router/writer_links.py), one PULL for the writers' results. One thread, one
-poll loop; every wait has a deadline.
+poll loop; every wait has a deadline. The poll holds the busy sockets (clients, signals,
+writers' results), the watched files' descriptor, and one descriptor for the sockets
+readable only at a hello, a handshake or a disconnect (broker/router/quiet_sockets.py).
 
 Each pass reads what arrived and hands it to the units, which say what to do as data:
 an operation (broker/router/operations.py) answers or queues work for the writers
@@ -42,6 +44,7 @@ from broker.router.indexes import Indexes
 from broker.router.jobs import WriterJobs
 from broker.router.ops_admin import add_endpoint
 from broker.router.ops_consume import answer_fetches
+from broker.router.quiet_sockets import QuietSockets
 from broker.router.replies import Replies
 from broker.router.settings import Settings
 from broker.router.signal_out import SignalOutbox
@@ -117,6 +120,11 @@ class Router:
         self.public = ClientLinks(self.zmq, self.home, self.address, self.signals_address)
         self.from_writers = self.zmq.socket(zmq.PULL)
         self.from_writers.setsockopt(zmq.LINGER, 0)
+        # Readable at a hello, a handshake or a disconnect only: one descriptor in the
+        # poll for all of them.
+        self.quiet = QuietSockets(
+            [*self.links.sockets, *self.links.monitors, self.zap.socket, self.public.monitor]
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -149,35 +157,31 @@ class Router:
         )
 
     def serve(self) -> None:
+        # The busy sockets, and one descriptor for the rest (broker/router/quiet_sockets.py).
         poller = zmq.Poller()
         clients, signals = self.public.clients, self.public.signals
-        for waitable in (
-            clients,
-            signals,
-            self.from_writers,
-            *self.links.monitors,  # a writer that goes away is down at once
-            *self.links.sockets,
-            self.zap.socket,
-            self.watch.fileno(),
-            self.public.monitor,
-        ):
+        quiet = self.quiet.fileno()
+        for waitable in (clients, signals, self.from_writers, quiet, self.watch.fileno()):
             poller.register(waitable, zmq.POLLIN)
         signals_item, writers_item = poll_item(signals), poll_item(self.from_writers)
         next_sweep = 0
         while not self.stopping:
             events_ = dict(poller.poll(POLL_MS))
+            now = now_ms()
+            # At each sweep too: a command the descriptor did not report (quiet_sockets.py)
+            ready = self.quiet.ready() if quiet in events_ or now >= next_sweep else set()
             if self.watch.fileno() in events_:
                 self._files_changed(self.watch.changed())
-            if self.zap.socket in events_:
+            if self.zap.socket in ready:
                 self.zap.handle()
             if signals in events_:
                 self._drain(signals_item, lambda f: self.ctx.signals.subscription(f[0]))
-            self._writer_links(events_)
+            self._writer_links(ready)
             if self.from_writers in events_:
                 self._drain(writers_item, self._on_writer)
             if clients in events_:
                 self._drain_clients()
-            if self.public.monitor in events_:
+            if self.public.monitor in ready:
                 self._clients_gone()
             self._end_of_pass()
             now = now_ms()
@@ -237,6 +241,7 @@ class Router:
         self.ctx.rejections.close()
         self.ctx.control.close()
         self.watch.close()
+        self.quiet.close()
         self.links.close()
         self.public.close()
         self.from_writers.close(0)
@@ -259,10 +264,15 @@ class Router:
                 return
 
     def _clients_gone(self) -> None:
-        """Connections closed: their clients are gone, what they held goes to others."""
-        for identity in self.public.gone():
-            if self.ctx.consumers.end_session(identity) is not None:
-                log.info("client %s disconnected: session ended", identity.hex())
+        """Connections closed: their clients are gone, what they held goes to others.
+        Every event waiting is read (broker/router/quiet_sockets.py)."""
+        item = poll_item(self.public.monitor)
+        while True:
+            for identity in self.public.gone():
+                if self.ctx.consumers.end_session(identity) is not None:
+                    log.info("client %s disconnected: session ended", identity.hex())
+            if not waiting(item):
+                return
 
     def _send_work(self, session: Session, rid: int, work: WriterWork) -> Any:
         """Send one operation to several writers (or keep it for those not up yet);
@@ -390,12 +400,20 @@ class Router:
 
     # ------------------------------------------------------------------ writers
 
-    def _writer_links(self, ready: dict[Any, int]) -> None:
+    def _writer_links(self, ready: set[zmq.Socket]) -> None:
+        """The shard sockets and their monitors that have something waiting: each read
+        until nothing waits (broker/router/quiet_sockets.py)."""
         # Disconnects before hellos: a descriptor's close is reported before a new
         # connection can reuse it (broker/router/writer_links.py).
         for monitor in self.links.monitors:
-            if monitor in ready and (shard := self.links.gone(monitor)) is not None:
-                events.writer_gone(self.ctx, shard)
+            if monitor not in ready:
+                continue
+            item = poll_item(monitor)
+            while True:
+                if (shard := self.links.gone(monitor)) is not None:
+                    events.writer_gone(self.ctx, shard)
+                if not waiting(item):
+                    break
         for shard in self.links.take_lost():
             events.writer_gone(self.ctx, shard)
         for shard, sock in enumerate(self.links.sockets):
