@@ -175,7 +175,6 @@ class Transport:
         outbox_addr = f"inproc://relay-client-{next(_numbers)}"
         self._outbox_in = self._ctx.socket(zmq.PULL)
         self._outbox_in.bind(outbox_addr)
-        self._outbox_item = poll_item(self._outbox_in)
         self._outbox = self._ctx.socket(zmq.PUSH)
         self._outbox.setsockopt(zmq.LINGER, 0)
         self._outbox.connect(outbox_addr)
@@ -686,10 +685,15 @@ class Transport:
         rids: list[int] = []
         bodies: list[bytes] = []
         taken = 0
-        # Bounded: replies and pings get their turn. Asked, not read until zmq.Again
-        # (as in `_receive`).
-        while taken < wire.MAX_BATCH and waiting(self._outbox_item):
-            item = self._outbox_in.recv(NOBLOCK)  # one frame: a kind byte, its data
+        # As many as callers counted in (each counts its item after sending it), at most
+        # a batch: replies and pings get their turn. Counted, not asked per item
+        # (`waiting` is a poll, about 2 µs) nor read until zmq.Again (an exception built
+        # in Python, about 6 µs): a batch of 20 costs 8 µs so, against 59 and 14 µs.
+        for _ in range(min(wire.MAX_BATCH, self._queued - self._taken)):
+            try:
+                item = self._outbox_in.recv(NOBLOCK)  # one frame: a kind byte, its data
+            except zmq.Again:  # counted but not readable yet: the next wake-up takes it
+                break
             taken += 1
             self._taken += 1  # under the DEALER's lock: a caller leads only once it is sent
             kind = item[:1]
