@@ -360,8 +360,8 @@ class Transport:
                 self._lent_to = None
             if held:
                 self._release_dealer()
-            elif self._io_blind and self._watch():  # as _release_dealer would
-                self._look.ring()
+            else:
+                self._tell_io_to_look()
 
     def _acquire_as_follower(self) -> bool:
         """Take the DEALER for a follower: at once, or after the I/O thread, which holds
@@ -378,8 +378,7 @@ class Transport:
         the socket for it again."""
         if self._lent_to is follower:
             self._lent_to = None
-            if self._io_blind and self._watch():
-                self._look.ring()
+            self._tell_io_to_look()
 
     def _send_answers(self, requests: list[Request]) -> None:
         """(The thread holding the DEALER) Send requests whose replies nobody waits for."""
@@ -394,7 +393,12 @@ class Transport:
         """(A caller or a follower) Let go of the DEALER, read empty. An I/O thread that
         does not poll it is told to look again if something may come that it must read."""
         self._dealer_lock.release()
-        if self._io_blind and self._watch():  # read after the release: _poll_dealer
+        self._tell_io_to_look()  # after the release: _poll_dealer
+
+    def _tell_io_to_look(self) -> None:
+        """An I/O thread that does not poll the DEALER (`_io_blind`) looks again whether
+        to, if something may come that only it would read (`_watch`)."""
+        if self._io_blind and self._watch():
             self._look.ring()
 
     def _watch(self) -> bool:

@@ -18,13 +18,14 @@ copies to the writers, replies and pushes to the clients, signals to the subscri
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import json
 import logging
 import os
 import resource
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import zmq
 
@@ -266,13 +267,10 @@ class Router:
     def _clients_gone(self) -> None:
         """Connections closed: their clients are gone, what they held goes to others.
         Every event waiting is read (broker/router/quiet_sockets.py)."""
-        item = poll_item(self.public.monitor)
-        while True:
-            for identity in self.public.gone():
+        for identities in _read_dry(self.public.monitor, self.public.gone):
+            for identity in identities:
                 if self.ctx.consumers.end_session(identity) is not None:
                     log.info("client %s disconnected: session ended", identity.hex())
-            if not waiting(item):
-                return
 
     def _send_work(self, session: Session, rid: int, work: WriterWork) -> Any:
         """Send one operation to several writers (or keep it for those not up yet);
@@ -408,12 +406,9 @@ class Router:
         for monitor in self.links.monitors:
             if monitor not in ready:
                 continue
-            item = poll_item(monitor)
-            while True:
-                if (shard := self.links.gone(monitor)) is not None:
+            for shard in _read_dry(monitor, functools.partial(self.links.gone, monitor)):
+                if shard is not None:
                     events.writer_gone(self.ctx, shard)
-                if not waiting(item):
-                    break
         for shard in self.links.take_lost():
             events.writer_gone(self.ctx, shard)
         for shard, sock in enumerate(self.links.sockets):
@@ -498,6 +493,19 @@ class Router:
         since = now_ms() - self.ctx.reliability.limiter.window_secs * 1000
         self.ctx.reliability.seed(self.ctx.indexes.recent_publishes(since))
         self.ctx.indexes.release()
+
+
+T = TypeVar("T")
+
+
+def _read_dry(sock: zmq.Socket, read: Callable[[], T]) -> Iterator[T]:
+    """``read()`` (one event of ``sock``, where one waits), again while another waits: a
+    quiet socket is read to the end each time it is named (broker/router/quiet_sockets.py)."""
+    item = poll_item(sock)
+    while True:
+        yield read()
+        if not waiting(item):
+            return
 
 
 def _sender_of(data: bytes) -> str:
