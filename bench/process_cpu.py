@@ -1,15 +1,18 @@
 """CPU per publish of each broker process at 100 in flight, beside floor (e).
 
-``python -m bench.process_cpu [--rounds N] [--shards N] [--label L]`` starts a broker
-(2 shards unless told) and floor (e) (bench/floors.py `RawPipeline`), then, per round,
-runs (e)'s 100-in-flight publishes and Relay's (the broker bench's row,
+``python -m bench.process_cpu [--rounds N] [--shards N] [--label L] [--workload W]``
+starts a broker (2 shards unless told) and floor (e) (bench/floors.py `RawPipeline`),
+then, per round, runs (e)'s 100-in-flight publishes and Relay's (the broker bench's row,
 bench/relay_broker.py) and prints one JSON line: both rates, their ratio, and the CPU µs
 per publish of the router, each writer and the benchmark's own process: ``cpu`` in
 clock ticks (/proc/<pid>/task/*/stat: about 3 µs per publish over a round of 3,000),
 split into user and system time and per thread in ``threads``; ``cpu_exact`` the same
 totals from the scheduler's nanosecond run times (/proc/<pid>/task/*/schedstat), which
-a tick's rounding does not blur. To compare two trees, run it in each in turn (A B A B
-...), as docs/performance.md ("The router's and writers' CPU per publish") did.
+a tick's rounding does not blur; ``e_cpu_exact`` the same for (e)'s processes.
+``--workload handler`` runs the publish -> handler rows at 1,000 messages/s instead
+(Relay's and (e)'s, interleaved as above): their p50s, and the CPU per message of each
+process of both. To compare two trees, run it in each in turn (A B A B ...), as
+docs/performance.md ("The router's and writers' CPU per publish") did.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import os
 from bench.common import base_dir, remove_when_done
 from bench.floors import RawPipeline
 from bench.relay_broker import RelayBroker
-from bench.workload import PIPELINED_N
+from bench.workload import OFFERED_RATE, OFFERED_SECONDS, PIPELINED_N
 
 Ticks = dict[str, tuple[int, int]]  # "thread name:tid" -> (utime, stime)
 
@@ -60,37 +63,54 @@ def per_publish(before: Ticks, after: Ticks, count: int) -> dict[str, list[float
     return {name: [round(u, 1), round(s, 1)] for name, (u, s) in used.items() if u or s}
 
 
+def pipeline_pids(pipeline: RawPipeline) -> dict[str, int]:
+    names = ["middle"] + [f"writer-{w}" for w in range(len(pipeline.children) - 1)]
+    return {name: child.pid for name, child in zip(names, pipeline.children, strict=True)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--label", default="")
+    parser.add_argument("--workload", choices=["in_flight", "handler"], default="in_flight")
     args = parser.parse_args()
     base = base_dir()
     pipeline = RawPipeline(base)
     relay = RelayBroker(args.shards, base / f"home-{args.shards}")
     pids = {name: proc.pid for name, proc in relay.broker.procs.items()}
     pids["bench"] = os.getpid()
+    e_pids = {**pipeline_pids(pipeline), "bench": os.getpid()}
+    handler = args.workload == "handler"
+    count = int(OFFERED_RATE * OFFERED_SECONDS) if handler else PIPELINED_N
     try:
         for round_no in range(args.rounds):
-            floor = pipeline.pipelined()["rate"]
+            e_before = {name: run_ns(pid) for name, pid in e_pids.items()}
+            floor = pipeline.handler()["p50"] if handler else pipeline.pipelined()["rate"]
+            e_exact = {
+                name: round((run_ns(pid) - e_before[name]) / 1000 / count, 1)
+                for name, pid in e_pids.items()
+            }
             before = {name: thread_ticks(pid) for name, pid in pids.items()}
             ns_before = {name: run_ns(pid) for name, pid in pids.items()}
-            rate = relay.in_flight(PIPELINED_N, relay.spread, 1)["rate"]
+            if handler:
+                figure = relay.handler_latency()["p50"]
+            else:
+                figure = relay.in_flight(PIPELINED_N, relay.spread, 1)["rate"]
             ns_after = {name: run_ns(pid) for name, pid in pids.items()}
             after = {name: thread_ticks(pid) for name, pid in pids.items()}
-            threads = {name: per_publish(before[name], after[name], PIPELINED_N) for name in pids}
+            threads = {name: per_publish(before[name], after[name], count) for name in pids}
             cpu = {
                 name: round(sum(u + s for u, s in used.values()), 1)
                 for name, used in threads.items()
             }
-            figures = {"label": args.label, "round": round_no, "relay": round(rate)}
-            figures.update({"e": round(floor), "ratio": round(rate / floor, 3)})
+            figures = {"label": args.label, "round": round_no, "relay": round(figure)}
+            figures.update({"e": round(floor), "ratio": round(figure / floor, 3)})
             exact = {
-                name: round((ns_after[name] - ns_before[name]) / 1000 / PIPELINED_N, 1)
-                for name in pids
+                name: round((ns_after[name] - ns_before[name]) / 1000 / count, 1) for name in pids
             }
             figures.update({"load": os.getloadavg()[0], "cpu": cpu, "cpu_exact": exact})
+            figures["e_cpu_exact"] = e_exact
             figures["threads"] = threads
             print(json.dumps(figures), flush=True)
     finally:
