@@ -146,7 +146,7 @@ class Client:
         Timeout after ``timeout`` seconds, default the client's)."""
         fields = _publish_fields(subject, payload, sender, reply_to, budget, parent_id)
         return self._transport.send_request(
-            "publish", timeout=timeout, convert=PublishResult.from_wire, **fields
+            "publish", timeout=timeout, convert=PublishResult.from_wire, sent_here=True, **fields
         )
 
     def publish(

@@ -76,6 +76,11 @@ def ping_interval(session_timeout_ms: Any) -> float:
 IO_POLL_MS = 200  # the I/O thread's longest sleep
 FOLLOW_POLL_MS = 1000  # a follower's longest sleep (told to stop or let go: at once)
 IO_MOMENT_S = 0.05  # the longest a follower waits for the I/O thread to let go
+# A request sent without waiting goes out on its caller's thread while fewer than this
+# many await replies: at a paced rate it skips a hand-off; pipelined, the I/O thread
+# batches what callers queue (one frame for many).
+SENT_HERE_IN_FLIGHT = 4
+_QUEUE, _LEAD, _SEND_HERE = 0, 1, 2  # how `_submit` sends (see there)
 # A refusal, not a connection cut mid-handshake (NO_DETAIL: a router restarting).
 _REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 _numbers = itertools.count(1)  # names each transport's inproc socket uniquely
@@ -230,19 +235,29 @@ class Transport:
         timeout: float | None = None,
         on_reply: ReplyHook | None = None,
         convert: Callable[[Any], Any] | None = None,
+        sent_here: bool = False,
         **fields: Any,
     ) -> Future:
         """Send one request; the future holds the result or the typed error (a Timeout
         when no reply comes within ``timeout``, default the transport's). ``on_reply``
         runs on the I/O thread with a successful result before anything read after it;
-        ``convert``, there too, makes the future's result (`Converting`)."""
+        ``convert``, there too, makes the future's result (`Converting`). With
+        ``sent_here``, the caller sends it on the DEALER itself when that is free,
+        nothing is queued before it and fewer than SENT_HERE_IN_FLIGHT requests await
+        replies: no hand-off to the I/O thread on the way out (its reply is read by
+        whichever thread holds the socket when it comes). Not for requests queued back
+        to back, which leave together as one batch through the I/O thread."""
         future = Future() if convert is None else Converting(convert)
-        return self._submit(op, timeout, on_reply, fields, future, lead=False)[0]
+        mode = _SEND_HERE if sent_here else _QUEUE
+        future, deadline = self._submit(op, timeout, on_reply, fields, future, mode)
+        if deadline is not None:
+            self._release_dealer()  # read empty by _submit; the I/O thread watches
+        return future
 
     def call(self, op: str, *, timeout: float | None = None, **fields: Any) -> Any:
         """One request and its result (or typed error) within the deadline. With nothing
         else in flight or queued, the caller sends it and reads its reply itself."""
-        future, deadline = self._submit(op, timeout, None, fields, Future(), lead=True)
+        future, deadline = self._submit(op, timeout, None, fields, Future(), _LEAD)
         if deadline is not None:
             self._lead(future, deadline)
         return self.wait(future, op, timeout)
@@ -254,13 +269,13 @@ class Transport:
         on_reply: ReplyHook | None,
         fields: dict[str, Any],
         future: Future,
-        *,
-        lead: bool,
+        mode: int,
     ) -> tuple[Future, float | None]:
-        """Register a request and send it: through the I/O thread, or, when ``lead`` and
-        the DEALER is free with nothing in flight or queued before it, on the DEALER
-        itself. Returns its future, and its deadline when the caller holds the DEALER
-        (it must `_lead`, which lets go)."""
+        """Register a request and send it: through the I/O thread (`_QUEUE`), or on the
+        DEALER itself when it is free with nothing queued before it and, for `_LEAD`,
+        nothing in flight, for `_SEND_HERE`, fewer than SENT_HERE_IN_FLIGHT. Returns its
+        future, and its deadline when the caller holds the DEALER (it must `_lead`, or
+        `_release_dealer`, which lets go)."""
         rid = next(self._rids)
         body = wire.encode_request(op, rid, **self._acting, **fields)[1]
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
@@ -270,8 +285,8 @@ class Transport:
             # Nothing queued before it may be overtaken (signals, requests of this
             # thread), nor a reply awaited by another read here (the I/O thread's).
             lead = (
-                lead
-                and not self._futures
+                mode != _QUEUE
+                and len(self._futures) < (1 if mode == _LEAD else SENT_HERE_IN_FLIGHT)
                 and self._queued == self._taken
                 and self._dealer_lock.acquire(blocking=False)
             )
@@ -294,6 +309,12 @@ class Transport:
             finally:
                 self._release_dealer()
             return future, None
+        if mode == _SEND_HERE:
+            try:
+                self._receive()  # what came before: the I/O thread was not watching
+            except BaseException:
+                self._release_dealer()
+                raise
         return future, deadline
 
     def _lead(self, future: Future, deadline: float) -> None:

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from sdk import wire
-from sdk.transport import Request, Transport
+from sdk.client import _fetch_fields, _publish_fields
+from sdk.transport import SENT_HERE_IN_FLIGHT, Request, Transport
 from tests.harness import wait_for
 
 pytestmark = pytest.mark.integration
@@ -56,6 +57,39 @@ def test_a_call_alone_in_flight_is_answered_while_the_io_thread_is_busy(broker):
         io_thread.armed = True
         wait_for(io_thread.stuck.is_set, what="the I/O thread held")
         assert "endpoints" in transport.call("endpoints")
+    finally:
+        io_thread.release.set()
+        transport.close()
+
+
+def test_a_request_sent_without_waiting_leaves_from_its_caller_while_few_are_in_flight(
+    broker,
+):
+    """Given the I/O thread held elsewhere, when a caller sends a request without waiting
+    (`sent_here`, as `publish_async` does) with nothing in flight, then it reaches the
+    router: its caller sent it. Once SENT_HERE_IN_FLIGHT requests await replies, the
+    next one is queued for the I/O thread instead, to leave with others as one batch."""
+    client = broker.client()
+    for subject in (A, B):
+        client.register_endpoint(subject)
+    io_thread = StuckIoThread()
+    transport = Transport(broker.home.router_address, timeout=20, quiet_limit=10)
+    transport.open(io_thread, lambda messages: None)
+    try:
+        io_thread.armed = True
+        wait_for(io_thread.stuck.is_set, what="the I/O thread held")
+        fields = _publish_fields(A, "first", SENDER, None, None, None)
+        transport.send_request("publish", sent_here=True, **fields)
+        assert [m.envelope.payload for m in client.fetch(A, wait=10)] == ["first"]
+
+        for _ in range(SENT_HERE_IN_FLIGHT):  # parked by the router: nothing waits on B
+            transport.send_request("fetch", sent_here=True, **_fetch_fields(B, 1, 15, None))
+        assert transport._queued == 0
+        fields = _publish_fields(A, "second", SENDER, None, None, None)
+        queued = transport.send_request("publish", sent_here=True, **fields)
+        assert transport._queued == 1
+        io_thread.release.set()
+        assert queued.result(10)["deliveredTo"] == 1
     finally:
         io_thread.release.set()
         transport.close()
