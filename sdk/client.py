@@ -254,6 +254,7 @@ class Client:
             "ingest",
             timeout=timeout,
             convert=PublishResult.from_wire,
+            sent_here=True,
             node=node,
             subjects=list(subjects),
             envelope=envelope.to_wire(),
