@@ -77,9 +77,10 @@ IO_POLL_MS = 200  # the I/O thread's longest sleep
 FOLLOW_POLL_MS = 1000  # a follower's longest sleep (told to stop or let go: at once)
 IO_MOMENT_S = 0.05  # the longest a follower waits for the I/O thread to let go
 # A request sent without waiting goes out on its caller's thread while fewer than this
-# many await replies: at a paced rate it skips a hand-off; pipelined, the I/O thread
-# batches what callers queue (one frame for many).
-SENT_HERE_IN_FLIGHT = 4
+# many await replies: at a paced rate it skips a hand-off (at 1,000/s, 2-10 are in
+# flight as the disk allows: 4 left most of them to the I/O thread on a slow minute);
+# pipelined, the I/O thread batches what callers queue (one frame for many).
+SENT_HERE_IN_FLIGHT = 16
 _QUEUE, _LEAD, _SEND_HERE = 0, 1, 2  # how `_submit` sends (see there)
 # A refusal, not a connection cut mid-handshake (NO_DETAIL: a router restarting).
 _REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
