@@ -115,8 +115,16 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+# Set by a runner of several bench processes in turn (bench/trees.py): their
+# directories go under it, and it deletes them all once the last run is over.
+KEEP_UNDER = "RELAY_BENCH_KEEP_UNDER"
+
+
 def base_dir() -> Path:
-    """A fresh directory on a real disk: under /tmp unless /tmp is tmpfs."""
+    """A fresh directory on a real disk: under /tmp unless /tmp is tmpfs (or under
+    $RELAY_BENCH_KEEP_UNDER, see `remove_when_done`)."""
+    if os.environ.get(KEEP_UNDER):
+        return Path(tempfile.mkdtemp(prefix="relay-bench-", dir=os.environ[KEEP_UNDER]))
     parent = "/tmp"
     if fs_type(parent) in ("tmpfs", "ramfs"):
         parent = str(Path(__file__).parent / "results" / "tmp")
@@ -129,8 +137,10 @@ def base_dir() -> Path:
 def remove_when_done(path: str | os.PathLike[str]) -> None:
     """Delete a benchmark's files when the whole run is over, not now: on this disk
     (ext4 mounted with discard) a mass delete slows the file creation of the following
-    seconds, which would land on the next module's figures (docs/performance.md)."""
-    atexit.register(shutil.rmtree, path, True)
+    seconds, which would land on the next module's figures (docs/performance.md). Under
+    $RELAY_BENCH_KEEP_UNDER, not even then: the next run's figures would take it."""
+    if not os.environ.get(KEEP_UNDER):
+        atexit.register(shutil.rmtree, path, True)
 
 
 @contextlib.contextmanager

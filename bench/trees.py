@@ -10,14 +10,16 @@ elsewhere"). `bench.goals --trees` is the same alternation over issue 27's rows 
 judged against their goals.
 
 How the runs alternate (`alternate`): each run is a fresh process whose working
-directory is the tree, so it imports that tree's code and starts that tree's broker; both
-trees need the bench modules used (copy this tree's bench/ into an older checkout, so
-both sides run the same bench code). The pairs alternate their order (OLD NEW, NEW OLD,
-...): a floor measured in the second run of a pair was slower than in the first even
-with the same code in both trees (docs/performance.md, "Which run of a pair"), so a fixed
-order would hand one tree the slower floor. The disk is flushed (sync) between runs. A
-run that fails (a workload refused, a broker that fell behind) is counted per tree and
-the comparison goes on.
+directory is the tree, so it imports that tree's code and starts that tree's broker;
+both trees need the bench modules used (copy this tree's bench/ into an older checkout,
+so both sides run the same bench code). The pairs alternate their order (OLD NEW, NEW
+OLD, ...): a floor measured in the second run of a pair was slower than in the first
+even with the same code in both trees (docs/performance.md, "Which run of a pair"), so a
+fixed order would hand one tree the slower floor. The disk is flushed (sync) between
+runs, and no run deletes its files: they go under one directory, deleted after the last
+run, since with a mass delete at each run's exit the floor swung by the run's place and
+without it did not (the same section). A run that fails (a workload refused, a broker
+that fell behind) is counted per tree and the comparison goes on.
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
+
+from bench.common import KEEP_UNDER, base_dir
 
 T = TypeVar("T")
 Runs = dict[str, list[list[dict]]]  # tree -> its runs -> their rows (Row.as_dict)
@@ -41,11 +46,13 @@ def pair_order(trees: Sequence[T], pair: int) -> list[T]:
     return list(trees) if pair % 2 == 0 else list(trees)[::-1]
 
 
-def run_in(tree: Path, args: list[str]) -> list[dict] | None:
-    """``python -m <args>`` in ``tree`` with its own interpreter and code: the rows it
-    prints as its last line of JSON, or None (its error printed) when it failed."""
+def run_in(tree: Path, args: list[str], keep_under: Path) -> list[dict] | None:
+    """``python -m <args>`` in ``tree`` with its own interpreter and code, its files
+    left under ``keep_under``: the rows it prints as its last line of JSON, or None (its
+    error printed) when it failed."""
     command = [str(tree / ".venv" / "bin" / "python"), "-m", *args]
-    out = subprocess.run(command, cwd=tree, capture_output=True, text=True, check=False)
+    env = {**os.environ, KEEP_UNDER: str(keep_under)}
+    out = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=False)
     os.sync()  # what the run left to write back is not the next run's to flush
     if out.returncode != 0:
         print(f"{' '.join(command)} in {tree} failed:\n{out.stderr[-3000:]}", file=sys.stderr)
@@ -55,19 +62,25 @@ def run_in(tree: Path, args: list[str]) -> list[dict] | None:
 
 def alternate(trees: Sequence[Path], pairs: int, args: list[str]) -> tuple[Runs, dict[str, int]]:
     """Run ``args`` in each tree, ``pairs`` times, each pair's order alternating; the
-    rows of the runs that passed, and the count of those that failed, per tree."""
+    rows of the runs that passed, and the count of those that failed, per tree. The runs'
+    files are deleted once the last is over: a mass delete slows this disk's next
+    seconds (bench/common.py `remove_when_done`)."""
     runs: Runs = {str(tree): [] for tree in trees}
     failed = dict.fromkeys(runs, 0)
-    for pair in range(pairs):
-        for slot, tree in enumerate(pair_order(trees, pair)):
-            load = os.getloadavg()[0]
-            rows = run_in(tree, args)
-            print(f"pair {pair + 1}/{pairs}: {tree} done (load {load:.1f})", file=sys.stderr)
-            if rows is None:
-                failed[str(tree)] += 1
-                continue
-            runs[str(tree)].append(rows)
-            print(json.dumps({"tree": str(tree), "slot": slot, "rows": rows}), flush=True)
+    keep_under = base_dir()
+    try:
+        for pair in range(pairs):
+            for slot, tree in enumerate(pair_order(trees, pair)):
+                load = os.getloadavg()[0]
+                rows = run_in(tree, args, keep_under)
+                print(f"pair {pair + 1}/{pairs}: {tree} done (load {load:.1f})", file=sys.stderr)
+                if rows is None:
+                    failed[str(tree)] += 1
+                    continue
+                runs[str(tree)].append(rows)
+                print(json.dumps({"tree": str(tree), "slot": slot, "rows": rows}), flush=True)
+    finally:
+        shutil.rmtree(keep_under, ignore_errors=True)
     return runs, failed
 
 
