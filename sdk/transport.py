@@ -251,8 +251,11 @@ class Transport:
         future = Future() if convert is None else Converting(convert)
         mode = _SEND_HERE if sent_here else _QUEUE
         future, deadline = self._submit(op, timeout, on_reply, fields, future, mode)
-        if deadline is not None:
-            self._release_dealer()  # read empty by _submit; the I/O thread watches
+        if deadline is not None:  # sent here: let go of the socket, read empty
+            try:
+                self._receive()
+            finally:
+                self._release_dealer()  # the I/O thread watches for the reply
         return future
 
     def call(self, op: str, *, timeout: float | None = None, **fields: Any) -> Any:
@@ -275,8 +278,7 @@ class Transport:
         """Register a request and send it: through the I/O thread (`_QUEUE`), or on the
         DEALER itself when it is free with nothing queued before it and, for `_LEAD`,
         nothing in flight, for `_SEND_HERE`, fewer than SENT_HERE_IN_FLIGHT. Returns its
-        future, and its deadline when the caller holds the DEALER (it must `_lead`, or
-        `_release_dealer`, which lets go)."""
+        future, and its deadline when the caller holds the DEALER (it must let go)."""
         rid = next(self._rids)
         body = wire.encode_request(op, rid, **self._acting, **fields)[1]
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
@@ -284,7 +286,8 @@ class Transport:
             if self._closed:
                 raise Unavailable("client is closed")
             # Nothing queued before it may be overtaken (signals, requests of this
-            # thread), nor a reply awaited by another read here (the I/O thread's).
+            # thread); a caller who will read the socket until its reply comes takes
+            # no reply that another read awaits (the I/O thread's).
             lead = (
                 mode != _QUEUE
                 and len(self._futures) < (1 if mode == _LEAD else SENT_HERE_IN_FLIGHT)
@@ -310,12 +313,6 @@ class Transport:
             finally:
                 self._release_dealer()
             return future, None
-        if mode == _SEND_HERE:
-            try:
-                self._receive()  # what came before: the I/O thread was not watching
-            except BaseException:
-                self._release_dealer()
-                raise
         return future, deadline
 
     def _lead(self, future: Future, deadline: float) -> None:
