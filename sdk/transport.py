@@ -568,7 +568,7 @@ class Transport:
         poller.register(self._sub, zmq.POLLIN)
         poller.register(self._look.r, zmq.POLLIN)
         self._io_ready.set()
-        next_ping = time.monotonic() + self._ping_every
+        last_ping = time.monotonic()
         wait_ms = IO_POLL_MS
         try:
             while not self._closed:
@@ -601,8 +601,9 @@ class Transport:
                 # unsubscribe can still be acknowledged only by a live session.
                 now = time.monotonic()
                 due = self._consumer.answers_due(now, self._send_now)
-                wait_s = IO_POLL_MS / 1000 if due is None else min(IO_POLL_MS / 1000, due - now)
-                wait_ms = max(1, math.ceil(wait_s * 1000))
+                # At the interval as it is now, which a pong may have shortened since
+                # the last ping (a lower session timeout): not at the one it had then.
+                next_ping = last_ping + self._ping_every
                 if now >= next_ping:
                     with self._holding_dealer(), contextlib.suppress(zmq.Again):
                         # NOBLOCK: never block the I/O thread
@@ -610,8 +611,10 @@ class Transport:
                             wire.encode_request("ping", 0, batch=True), zmq.NOBLOCK
                         )
                         self._ping_out = True
-                    next_ping = now + self._ping_every
+                    last_ping, next_ping = now, now + self._ping_every
                     self._expire(now)
+                wake = next_ping if due is None else min(due, next_ping)
+                wait_ms = max(1, math.ceil(min(IO_POLL_MS / 1000, wake - now) * 1000))
         finally:
             self._take_dealer()  # a caller leading lets go first
             self._close_dealer(poller, self._dealer, refusals)
