@@ -254,7 +254,6 @@ class Client:
             "ingest",
             timeout=timeout,
             convert=PublishResult.from_wire,
-            sent_here=True,
             node=node,
             subjects=list(subjects),
             envelope=envelope.to_wire(),

@@ -165,6 +165,9 @@ class Transport:
         # thread then looks again whether to poll it (`_poll_dealer`).
         self._look = Bell()
         self._io_blind = False
+        # Set with a ring of `_look` by a caller that let go with a message unread
+        # (`_let_go_unread`): the I/O thread reads the DEALER when it looks.
+        self._io_reads = False
         # The follower (a subscription's handler thread) that lent the DEALER while its
         # handler runs and reads it again after: the I/O thread does not watch the
         # socket for its pushes meanwhile (`follow`, `_watch`).
@@ -251,11 +254,8 @@ class Transport:
         future = Future() if convert is None else Converting(convert)
         mode = _SEND_HERE if sent_here else _QUEUE
         future, deadline = self._submit(op, timeout, on_reply, fields, future, mode)
-        if deadline is not None:  # sent here: let go of the socket, read empty
-            try:
-                self._receive()
-            finally:
-                self._release_dealer()  # the I/O thread watches for the reply
+        if deadline is not None:  # sent here: let go of the socket, not read
+            self._let_go_unread()
         return future
 
     def call(self, op: str, *, timeout: float | None = None, **fields: Any) -> Any:
@@ -408,6 +408,20 @@ class Transport:
         ]
         self._send(rids, bodies)
 
+    def _let_go_unread(self) -> None:
+        """(A caller that sent without waiting) Let go of the DEALER without reading it:
+        what came is the I/O thread's to read and dispatch, since a reply read here
+        would run its future's callbacks inside this call, on a thread that may hold
+        the locks they take. A send may have taken the socket's descriptor's signal of a
+        message already there (it signals only a change), so the I/O thread is told
+        to read it."""
+        unread = waiting(self._dealer_item)
+        if unread:
+            self._io_reads = True  # before the release: the I/O thread reads it after
+        self._release_dealer()
+        if unread:
+            self._ring_look()
+
     def _release_dealer(self) -> None:
         """(A caller or a follower) Let go of the DEALER, read empty. An I/O thread that
         does not poll it is told to look again if something may come that it must read."""
@@ -418,7 +432,7 @@ class Transport:
         """An I/O thread that does not poll the DEALER (`_io_blind`) looks again whether
         to, if something may come that only it would read (`_watch`)."""
         if self._io_blind and self._watch():
-            self._look.ring()
+            self._ring_look()
 
     def _watch(self) -> bool:
         """Something may arrive on the DEALER that no caller reads: a reply awaited, a
@@ -472,6 +486,9 @@ class Transport:
         """Have the I/O thread, which may sleep up to IO_POLL_MS, ask its consumer when
         answers are due (a handler thread started a batch of them). A pipe, not the
         queue to it: it need not take the DEALER, which a follower may hold."""
+        self._ring_look()
+
+    def _ring_look(self) -> None:
         with self._lock:  # close() sets _closed under it before the pipe is closed
             if not self._closed:
                 self._look.ring()
@@ -576,6 +593,10 @@ class Transport:
                 for sock, _ in poller.poll(wait_ms):
                     if sock == self._look.r:
                         self._look.clear()
+                        if self._io_reads and not self._dealer_lock.locked():
+                            self._io_reads = False
+                            with self._holding_dealer():
+                                pass  # read it (on letting go)
                     elif sock is self._outbox_in:
                         with self._holding_dealer():
                             self._forward()

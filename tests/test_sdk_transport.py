@@ -12,6 +12,7 @@ import pytest
 
 from sdk import wire
 from sdk.client import _fetch_fields, _publish_fields
+from sdk.sockets import waiting
 from sdk.transport import SENT_HERE_IN_FLIGHT, Request, Transport
 from tests.harness import wait_for
 
@@ -62,6 +63,12 @@ def test_a_call_alone_in_flight_is_answered_while_the_io_thread_is_busy(broker):
         transport.close()
 
 
+def _reply_waits(transport: Transport) -> bool:
+    """Whether a message waits on the transport's socket, asked as its holder."""
+    with transport._dealer_lock:
+        return waiting(transport._dealer_item)
+
+
 def test_a_request_sent_without_waiting_leaves_from_its_caller_while_few_are_in_flight(
     broker,
 ):
@@ -79,17 +86,56 @@ def test_a_request_sent_without_waiting_leaves_from_its_caller_while_few_are_in_
         io_thread.armed = True
         wait_for(io_thread.stuck.is_set, what="the I/O thread held")
         fields = _publish_fields(A, "first", SENDER, None, None, None)
-        transport.send_request("publish", sent_here=True, **fields)
+        first = transport.send_request("publish", sent_here=True, **fields)
         assert [m.envelope.payload for m in client.fetch(A, wait=10)] == ["first"]
 
-        for _ in range(SENT_HERE_IN_FLIGHT):  # parked by the router: nothing waits on B
+        for _ in range(SENT_HERE_IN_FLIGHT - 1):  # parked by the router: none waits on B
             transport.send_request("fetch", sent_here=True, **_fetch_fields(B, 1, 15, None))
         assert transport._queued == 0
         fields = _publish_fields(A, "second", SENDER, None, None, None)
-        queued = transport.send_request("publish", sent_here=True, **fields)
+        second = transport.send_request("publish", sent_here=True, **fields)
         assert transport._queued == 1
         io_thread.release.set()
-        assert queued.result(10)["deliveredTo"] == 1
+        assert first.result(10)["deliveredTo"] == 1
+        assert second.result(10)["deliveredTo"] == 1
+    finally:
+        io_thread.release.set()
+        transport.close()
+
+
+def test_a_caller_that_sent_without_waiting_leaves_the_replies_to_the_io_thread(broker):
+    """Given a reply waiting on the socket for a request whose done-callback takes a
+    lock, when a caller holding that lock sends a request without waiting, then its send
+    returns without reading that reply (its callback would wait for the lock inside the
+    call), and the I/O thread reads it once free: nothing read by nobody."""
+    client = broker.client()
+    client.register_endpoint(A)
+    io_thread = StuckIoThread()
+    transport = Transport(broker.home.router_address, timeout=20, quiet_limit=10)
+    transport.open(io_thread, lambda messages: None)
+    lock, seen, sent = threading.Lock(), [], threading.Event()
+
+    def record(done: Any) -> None:
+        with lock:
+            seen.append((done.result()["deliveredTo"], threading.current_thread().name))
+
+    def send_holding_the_lock() -> None:
+        with lock:
+            fields = _publish_fields(A, 2, SENDER, None, None, None)
+            transport.send_request("publish", sent_here=True, **fields)
+            sent.set()
+
+    try:
+        io_thread.armed = True
+        wait_for(io_thread.stuck.is_set, what="the I/O thread held")
+        fields = _publish_fields(A, 1, SENDER, None, None, None)
+        transport.send_request("publish", sent_here=True, **fields).add_done_callback(record)
+        wait_for(lambda: _reply_waits(transport), what="the first publish's reply")
+        threading.Thread(target=send_holding_the_lock, daemon=True).start()
+        wait_for(sent.is_set, what="the send under the lock returned")
+        assert seen == []
+        io_thread.release.set()
+        wait_for(lambda: seen == [(1, "relay-client-io")], what="the callback, by the I/O thread")
     finally:
         io_thread.release.set()
         transport.close()
