@@ -415,10 +415,12 @@ class Transport:
         the locks they take. A send may have taken the socket's descriptor's signal of a
         message already there (it signals only a change), so the I/O thread is told
         to read it."""
-        unread = waiting(self._dealer_item)
-        if unread:
-            self._io_reads = True  # before the release: the I/O thread reads it after
-        self._release_dealer()
+        try:
+            unread = waiting(self._dealer_item)
+            if unread:
+                self._io_reads = True  # before the release: the I/O thread reads it after
+        finally:
+            self._release_dealer()
         if unread:
             self._ring_look()
 
