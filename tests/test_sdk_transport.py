@@ -1,11 +1,14 @@
 """The transport's leader/follower (sdk/transport.py): a synchronous call alone in flight
 sends its request and reads its reply on the caller's thread, and lets go of the socket
-when the I/O thread needs it. Against real router and writer processes."""
+when the I/O thread needs it; a request sent without waiting, with few in flight, leaves
+from its caller's thread and its reply is the I/O thread's to read. Against real router
+and writer processes."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -48,19 +51,27 @@ class StuckIoThread:
         return None
 
 
-def test_a_call_alone_in_flight_is_answered_while_the_io_thread_is_busy(broker):
-    """Given the I/O thread held elsewhere, when a caller makes a call with nothing else
-    in flight, then it is answered: the caller sent it and read its reply itself."""
+@contextlib.contextmanager
+def held_io_thread(broker: Any, timeout: float) -> Iterator[tuple[Transport, StuckIoThread]]:
+    """A transport to the broker whose I/O thread is held (sends and reads nothing)
+    until the block lets it go (``release``) or ends."""
     io_thread = StuckIoThread()
-    transport = Transport(broker.home.router_address, timeout=3, quiet_limit=10)
+    transport = Transport(broker.home.router_address, timeout=timeout, quiet_limit=10)
     transport.open(io_thread, lambda messages: None)
     try:
         io_thread.armed = True
         wait_for(io_thread.stuck.is_set, what="the I/O thread held")
-        assert "endpoints" in transport.call("endpoints")
+        yield transport, io_thread
     finally:
         io_thread.release.set()
         transport.close()
+
+
+def test_a_call_alone_in_flight_is_answered_while_the_io_thread_is_busy(broker):
+    """Given the I/O thread held elsewhere, when a caller makes a call with nothing else
+    in flight, then it is answered: the caller sent it and read its reply itself."""
+    with held_io_thread(broker, timeout=3) as (transport, _):
+        assert "endpoints" in transport.call("endpoints")
 
 
 def _reply_waits(transport: Transport) -> bool:
@@ -79,12 +90,7 @@ def test_a_request_sent_without_waiting_leaves_from_its_caller_while_few_are_in_
     client = broker.client()
     for subject in (A, B):
         client.register_endpoint(subject)
-    io_thread = StuckIoThread()
-    transport = Transport(broker.home.router_address, timeout=20, quiet_limit=10)
-    transport.open(io_thread, lambda messages: None)
-    try:
-        io_thread.armed = True
-        wait_for(io_thread.stuck.is_set, what="the I/O thread held")
+    with held_io_thread(broker, timeout=20) as (transport, io_thread):
         fields = _publish_fields(A, "first", SENDER, None, None, None)
         first = transport.send_request("publish", sent_here=True, **fields)
         assert [m.envelope.payload for m in client.fetch(A, wait=10)] == ["first"]
@@ -98,9 +104,6 @@ def test_a_request_sent_without_waiting_leaves_from_its_caller_while_few_are_in_
         io_thread.release.set()
         assert first.result(10)["deliveredTo"] == 1
         assert second.result(10)["deliveredTo"] == 1
-    finally:
-        io_thread.release.set()
-        transport.close()
 
 
 def test_a_caller_that_sent_without_waiting_leaves_the_replies_to_the_io_thread(broker):
@@ -110,35 +113,27 @@ def test_a_caller_that_sent_without_waiting_leaves_the_replies_to_the_io_thread(
     call), and the I/O thread reads it once free: nothing read by nobody."""
     client = broker.client()
     client.register_endpoint(A)
-    io_thread = StuckIoThread()
-    transport = Transport(broker.home.router_address, timeout=20, quiet_limit=10)
-    transport.open(io_thread, lambda messages: None)
     lock, seen, sent = threading.Lock(), [], threading.Event()
 
     def record(done: Any) -> None:
         with lock:
             seen.append((done.result()["deliveredTo"], threading.current_thread().name))
 
-    def send_holding_the_lock() -> None:
+    def send_holding_the_lock(transport: Transport) -> None:
         with lock:
             fields = _publish_fields(A, 2, SENDER, None, None, None)
             transport.send_request("publish", sent_here=True, **fields)
             sent.set()
 
-    try:
-        io_thread.armed = True
-        wait_for(io_thread.stuck.is_set, what="the I/O thread held")
+    with held_io_thread(broker, timeout=20) as (transport, io_thread):
         fields = _publish_fields(A, 1, SENDER, None, None, None)
         transport.send_request("publish", sent_here=True, **fields).add_done_callback(record)
         wait_for(lambda: _reply_waits(transport), what="the first publish's reply")
-        threading.Thread(target=send_holding_the_lock, daemon=True).start()
+        threading.Thread(target=send_holding_the_lock, args=(transport,), daemon=True).start()
         wait_for(sent.is_set, what="the send under the lock returned")
         assert seen == []
         io_thread.release.set()
         wait_for(lambda: seen == [(1, "relay-client-io")], what="the callback, by the I/O thread")
-    finally:
-        io_thread.release.set()
-        transport.close()
 
 
 def _waiting_fetch(client: Any) -> tuple[threading.Thread, list[Any]]:
