@@ -248,9 +248,10 @@ class Transport:
         ``convert``, there too, makes the future's result (`Converting`). With
         ``sent_here``, the caller sends it on the DEALER itself when that is free,
         nothing is queued before it and fewer than SENT_HERE_IN_FLIGHT requests await
-        replies: no hand-off to the I/O thread on the way out (its reply is read by
-        whichever thread holds the socket when it comes). Not for requests queued back
-        to back, which leave together as one batch through the I/O thread."""
+        replies: no hand-off to the I/O thread on the way out. Its reply is read by the
+        I/O thread, or a thread reading the socket as it does, never by this caller
+        (`_let_go_unread`). Not for requests queued back to back, which leave together
+        as one batch through the I/O thread."""
         future = Future() if convert is None else Converting(convert)
         mode = _SEND_HERE if sent_here else _QUEUE
         future, deadline = self._submit(op, timeout, on_reply, fields, future, mode)
