@@ -63,6 +63,15 @@ def per_publish(before: Ticks, after: Ticks, count: int) -> dict[str, list[float
     return {name: [round(u, 1), round(s, 1)] for name, (u, s) in used.items() if u or s}
 
 
+def run_ns_of(pids: dict[str, int]) -> dict[str, int]:
+    return {name: run_ns(pid) for name, pid in pids.items()}
+
+
+def us_per_message(before: dict[str, int], after: dict[str, int], count: int) -> dict[str, float]:
+    """µs on a CPU per message, by process, between two `run_ns_of` counts."""
+    return {name: round((after[name] - before[name]) / 1000 / count, 1) for name in before}
+
+
 def pipeline_pids(pipeline: RawPipeline) -> dict[str, int]:
     names = ["middle"] + [f"writer-{w}" for w in range(len(pipeline.children) - 1)]
     return {name: child.pid for name, child in zip(names, pipeline.children, strict=True)}
@@ -85,19 +94,16 @@ def main() -> None:
     count = int(OFFERED_RATE * OFFERED_SECONDS) if handler else PIPELINED_N
     try:
         for round_no in range(args.rounds):
-            e_before = {name: run_ns(pid) for name, pid in e_pids.items()}
+            e_before = run_ns_of(e_pids)
             floor = pipeline.handler()["p50"] if handler else pipeline.pipelined()["rate"]
-            e_exact = {
-                name: round((run_ns(pid) - e_before[name]) / 1000 / count, 1)
-                for name, pid in e_pids.items()
-            }
+            e_exact = us_per_message(e_before, run_ns_of(e_pids), count)
             before = {name: thread_ticks(pid) for name, pid in pids.items()}
-            ns_before = {name: run_ns(pid) for name, pid in pids.items()}
+            ns_before = run_ns_of(pids)
             if handler:
                 figure = relay.handler_latency()["p50"]
             else:
                 figure = relay.in_flight(PIPELINED_N, relay.spread, 1)["rate"]
-            ns_after = {name: run_ns(pid) for name, pid in pids.items()}
+            ns_after = run_ns_of(pids)
             after = {name: thread_ticks(pid) for name, pid in pids.items()}
             threads = {name: per_publish(before[name], after[name], count) for name in pids}
             cpu = {
@@ -106,9 +112,7 @@ def main() -> None:
             }
             figures = {"label": args.label, "round": round_no, "relay": round(figure)}
             figures.update({"e": round(floor), "ratio": round(figure / floor, 3)})
-            exact = {
-                name: round((ns_after[name] - ns_before[name]) / 1000 / count, 1) for name in pids
-            }
+            exact = us_per_message(ns_before, ns_after, count)
             figures.update({"load": os.getloadavg()[0], "cpu": cpu, "cpu_exact": exact})
             figures["e_cpu_exact"] = e_exact
             figures["threads"] = threads

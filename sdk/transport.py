@@ -81,7 +81,6 @@ IO_MOMENT_S = 0.05  # the longest a follower waits for the I/O thread to let go
 # flight as the disk allows: 4 left most of them to the I/O thread on a slow minute);
 # pipelined, the I/O thread batches what callers queue (one frame for many).
 SENT_HERE_IN_FLIGHT = 16
-_QUEUE, _LEAD, _SEND_HERE = 0, 1, 2  # how `_submit` sends (see there)
 # A refusal, not a connection cut mid-handshake (NO_DETAIL: a router restarting).
 _REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 _numbers = itertools.count(1)  # names each transport's inproc socket uniquely
@@ -253,8 +252,8 @@ class Transport:
         (`_let_go_unread`). Not for requests queued back to back, which leave together
         as one batch through the I/O thread."""
         future = Future() if convert is None else Converting(convert)
-        mode = _SEND_HERE if sent_here else _QUEUE
-        future, deadline = self._submit(op, timeout, on_reply, fields, future, mode)
+        here_below = SENT_HERE_IN_FLIGHT if sent_here else 0
+        future, deadline = self._submit(op, timeout, on_reply, fields, future, here_below)
         if deadline is not None:  # sent here: let go of the socket, not read
             self._let_go_unread()
         return future
@@ -262,7 +261,7 @@ class Transport:
     def call(self, op: str, *, timeout: float | None = None, **fields: Any) -> Any:
         """One request and its result (or typed error) within the deadline. With nothing
         else in flight or queued, the caller sends it and reads its reply itself."""
-        future, deadline = self._submit(op, timeout, None, fields, Future(), _LEAD)
+        future, deadline = self._submit(op, timeout, None, fields, Future(), 1)
         if deadline is not None:
             self._lead(future, deadline)
         return self.wait(future, op, timeout)
@@ -274,12 +273,13 @@ class Transport:
         on_reply: ReplyHook | None,
         fields: dict[str, Any],
         future: Future,
-        mode: int,
+        here_below: int,
     ) -> tuple[Future, float | None]:
-        """Register a request and send it: through the I/O thread (`_QUEUE`), or on the
-        DEALER itself when it is free with nothing queued before it and, for `_LEAD`,
-        nothing in flight, for `_SEND_HERE`, fewer than SENT_HERE_IN_FLIGHT. Returns its
-        future, and its deadline when the caller holds the DEALER (it must let go)."""
+        """Register a request and send it: on the DEALER itself when it is free, nothing
+        is queued before it and fewer than ``here_below`` requests await replies (1 for
+        a caller who will read its reply: none; 0: never), else through the I/O thread.
+        Returns its future, and its deadline when the caller holds the DEALER (it must
+        let go)."""
         rid = next(self._rids)
         body = wire.encode_request(op, rid, **self._acting, **fields)[1]
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
@@ -290,8 +290,7 @@ class Transport:
             # thread); a caller who will read the socket until its reply comes takes
             # no reply that another read awaits (the I/O thread's).
             lead = (
-                mode != _QUEUE
-                and len(self._futures) < (1 if mode == _LEAD else SENT_HERE_IN_FLIGHT)
+                len(self._futures) < here_below
                 and self._queued == self._taken
                 and self._dealer_lock.acquire(blocking=False)
             )
@@ -426,8 +425,9 @@ class Transport:
             self._ring_look()
 
     def _release_dealer(self) -> None:
-        """(A caller or a follower) Let go of the DEALER, read empty. An I/O thread that
-        does not poll it is told to look again if something may come that it must read."""
+        """(A caller or a follower) Let go of the DEALER, read empty (or with what waits
+        left to the I/O thread, `_let_go_unread`). An I/O thread that does not poll it
+        is told to look again if something may come that it must read."""
         self._dealer_lock.release()
         self._tell_io_to_look()  # after the release: _poll_dealer
 
