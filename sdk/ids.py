@@ -18,12 +18,15 @@ from ulid import ULID
 from sdk.errors import InvalidMessage
 
 _RANDOM_BITS = 80
-_RANDOM_MAX = (1 << _RANDOM_BITS) - 1
+# The random part is kept as two 40-bit halves: compiled (sdk/compiled.py), each fits a
+# machine word, where the 80-bit part and the 128-bit id are arbitrary-precision ints
+# whose every shift allocates. An id is named for each message the router stores.
+_HALF_BITS = _RANDOM_BITS // 2
+_HALF_MAX = (1 << _HALF_BITS) - 1
 # Matched whole (`fullmatch`): with match, "$" also matched before a final newline.
 ULID_RE = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # the ULID alphabet
 _DIGIT_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]  # 10 bits -> 2 digits
-_PAIR_SHIFTS = range(120, -1, -10)  # 13 pairs: the 26 digits of 130 bits
 
 
 class MonotonicUlid:
@@ -32,29 +35,64 @@ class MonotonicUlid:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._last_ms = 0
-        self._last_random = 0
+        self._last_high = 0
+        self._last_low = 0
 
     def new(self, now_ms: int | None = None) -> str:
         ms = int(time.time() * 1000) if now_ms is None else now_ms
         with self._lock:
             if ms <= self._last_ms:
-                ms = self._last_ms
-                random = self._last_random + 1
-                if random > _RANDOM_MAX:  # 2^80 ids in one ms: move to the next ms
-                    ms, random = ms + 1, int.from_bytes(os.urandom(10), "big") >> 1
+                ms, high, low = following(self._last_ms, self._last_high, self._last_low)
             else:
-                # Top bit clear leaves room to increment within the millisecond.
-                random = int.from_bytes(os.urandom(10), "big") >> 1
-            self._last_ms, self._last_random = ms, random
-        return ulid_text((ms << _RANDOM_BITS) | random)
+                high, low = _fresh_random()
+            self._last_ms, self._last_high, self._last_low = ms, high, low
+        return _text(ms, high, low)
+
+
+def following(ms: int, high: int, low: int) -> tuple[int, int, int]:
+    """The id after (ms, high, low) within one millisecond: the random part plus one,
+    carried from the low half into the high; past 80 bits (2^79 ids in one ms at
+    least), the next millisecond with a fresh random part."""
+    if low < _HALF_MAX:
+        return ms, high, low + 1
+    if high < _HALF_MAX:
+        return ms, high + 1, 0
+    return (ms + 1, *_fresh_random())
+
+
+def _fresh_random() -> tuple[int, int]:
+    """80 random bits as two halves, the top bit clear: room to increment within the
+    millisecond."""
+    data = os.urandom(10)
+    return int.from_bytes(data[:5], "big") >> 1, int.from_bytes(data[5:], "big")
 
 
 def ulid_text(value: int) -> str:
-    """The 26 Crockford base32 digits of a 128-bit ULID: what ``str(ULID)`` gives, two
-    digits per lookup (the router names every message it stores; python-ulid's encoder
-    costs several times this)."""
+    """The 26 Crockford base32 digits of a 128-bit ULID: what ``str(ULID)`` gives."""
+    return _text(value >> _RANDOM_BITS, (value >> _HALF_BITS) & _HALF_MAX, value & _HALF_MAX)
+
+
+def _text(ms: int, high: int, low: int) -> str:
+    """The ULID of a 48-bit time and two 40-bit random halves: two digits per lookup,
+    five pairs for the time (two zero bits above its 48), four for each half."""
     pairs = _DIGIT_PAIRS
-    return "".join([pairs[(value >> shift) & 1023] for shift in _PAIR_SHIFTS])
+    return "".join(
+        [
+            pairs[(ms >> 40) & 1023],
+            pairs[(ms >> 30) & 1023],
+            pairs[(ms >> 20) & 1023],
+            pairs[(ms >> 10) & 1023],
+            pairs[ms & 1023],
+            pairs[high >> 30],
+            pairs[(high >> 20) & 1023],
+            pairs[(high >> 10) & 1023],
+            pairs[high & 1023],
+            pairs[low >> 30],
+            pairs[(low >> 20) & 1023],
+            pairs[(low >> 10) & 1023],
+            pairs[low & 1023],
+        ]
+    )
 
 
 _default = MonotonicUlid()
