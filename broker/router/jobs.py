@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from broker.publish import Copy
@@ -31,28 +30,38 @@ MAX_INFLIGHT_PER_CLIENT = 1024  # requests awaiting a writer, per client
 Delivery = tuple[proto.DeliveryHeader, bytes]
 
 
-@dataclass
 class Job:
-    """A client request waiting for writers: a publish, or an operation on N shards."""
+    """A client request waiting for writers: a publish, or an operation on N shards.
+    A class with its own ``__init__``, not a dataclass: one is made for every publish,
+    and compiled, its seven containers are built in place where a dataclass calls a
+    default factory through Python for each."""
 
-    client: bytes
-    rid: int
-    deadline: int
-    remaining: int
-    on_done: Callable[[Job], Any]  # builds the reply result (or raises RelayError)
-    on_reply: Callable[[Any], None] | None = None  # each answer, even late (WriterWork)
-    results: list[Any] = field(default_factory=list)
-    shards: set[int] = field(default_factory=set)
-    answered_by: set[int] = field(default_factory=set)  # shards that answered (an operation)
-    error: RelayError | None = None
-    message_id: str = ""  # a publish's message
-    sender: str = ""  # a publish's sender (its copies' "from")
-    copies: dict[str, Copy] = field(default_factory=dict)  # a publish's writes, by endpoint
-    # a publish's remote parts: far node -> its endpoint subjects (docs/federation.md)
-    remote: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # endpoint (or "@node" for a remote part) -> None (durable; in JetStream) or
-    # (code, message) when the copy was not stored
-    outcomes: dict[str, tuple[str, str] | None] = field(default_factory=dict)
+    def __init__(
+        self,
+        client: bytes,
+        rid: int,
+        deadline: int,
+        remaining: int,
+        on_done: Callable[[Job], Any],  # builds the reply result (or raises RelayError)
+    ) -> None:
+        self.client = client
+        self.rid = rid
+        self.deadline = deadline
+        self.remaining = remaining
+        self.on_done = on_done
+        self.on_reply: Callable[[Any], None] | None = None  # each answer, even late (WriterWork)
+        self.results: list[Any] = []
+        self.shards: set[int] = set()
+        self.answered_by: set[int] = set()  # shards that answered (an operation)
+        self.error: RelayError | None = None
+        self.message_id = ""  # a publish's message
+        self.sender = ""  # a publish's sender (its copies' "from")
+        self.copies: dict[str, Copy] = {}  # a publish's writes, by endpoint
+        # a publish's remote parts: far node -> its endpoint subjects (docs/federation.md)
+        self.remote: dict[str, tuple[str, ...]] = {}
+        # endpoint (or "@node" for a remote part) -> None (durable; in JetStream) or
+        # (code, message) when the copy was not stored
+        self.outcomes: dict[str, tuple[str, str] | None] = {}
 
     @property
     def is_publish(self) -> bool:
