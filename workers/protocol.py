@@ -116,6 +116,45 @@ class DeliveryHeader(NamedTuple):
     parent_id: str | None = None  # the envelope's parentId (a reply), for the index row
 
 
+_new_tuple = tuple.__new__
+
+
+def delivery_header(
+    token: int,
+    id: str,
+    endpoint: str,
+    subject: str,
+    sender: str,
+    created_at: int,
+    target: str,
+    reason: str | None,
+    code: str | None,
+    failed_at: int | None,
+    relayed_from: str | None,
+    parent_id: str | None,
+) -> DeliveryHeader:
+    """A `DeliveryHeader` of every field, built as the tuple it is: its NamedTuple
+    ``__new__`` is Python code, which the router ran for each copy it stores (0.58
+    against 0.13 µs a header)."""
+    return _new_tuple(
+        DeliveryHeader,
+        (
+            token,
+            id,
+            endpoint,
+            subject,
+            sender,
+            created_at,
+            target,
+            reason,
+            code,
+            failed_at,
+            relayed_from,
+            parent_id,
+        ),
+    )
+
+
 class ClaimOrder(NamedTuple):
     """``claim``: move new/ -> cur/ for subscription ``sub`` (``deliveries`` 0), or
     claim again in cur/ a message handed out ``deliveries`` times."""

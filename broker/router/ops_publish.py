@@ -125,19 +125,19 @@ def queue_writes(
             target = proto.TARGET_CUR
         else:
             target = proto.TARGET_NEW
-        header = proto.DeliveryHeader(
+        header = proto.delivery_header(
             token,
             message_id,
             copy.endpoint,
             copy.subject,
             sender,
             request.created_at,
-            target=target,
-            reason=dead.reason if dead else None,
-            code=dead.code if dead else None,
-            failed_at=dead.failed_at if dead else None,
-            relayed_from=request.relayed_from,
-            parent_id=request.parent_id,
+            target,
+            dead.reason if dead else None,
+            dead.code if dead else None,
+            dead.failed_at if dead else None,
+            request.relayed_from,
+            request.parent_id,
         )
         job.copies[copy.endpoint] = copy
         job.shards.add(shard)
