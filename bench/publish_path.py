@@ -8,7 +8,8 @@ with two real writer processes running the same tree's code. A client registers 
 endpoint and publishes a few warm-up messages; then, N times, a profiler on the router
 thread only records the Python calls made while ONE publish with no subscriber goes
 from request to PublishResult. It prints the method, the counts, every climb, and the
-path in files. A measurement: nothing is asserted about the numbers.
+path in files. The tree runs as pure Python (``RELAY_PURE=1``): compiled, its units
+make no Python calls to record. A measurement: nothing is asserted about the numbers.
 
 How it counts (printed with the results):
 - Recorded: ``sys.setprofile`` 'call' events on the router thread whose code lives in
@@ -191,6 +192,9 @@ def main() -> int:
     args = parser.parse_args()
     tree = args.tree.resolve()
     sys.path.insert(0, str(tree))
+    # Python calls are what it counts, and the compiled units (sdk/compiled.py) make
+    # none: the tree runs as pure Python, the router and its writers alike.
+    os.environ["RELAY_PURE"] = "1"
     import broker
     from broker.router import Router
     from sdk.client import connect
