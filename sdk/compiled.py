@@ -35,11 +35,10 @@ PURE_ENV = "RELAY_PURE"
 
 # The units compiled: the publish path, from the request's frame to its answer, and the
 # pure policies it runs (python -m bench.publish_cost names them all); and the router's
-# loop with its socket edges and the acks' operations, run once a pass, which at
-# 1,000 messages/s is four times a message (docs/performance.md, "The loop compiled
-# after all"). Only modules
-# that type-check (make lint) and that no test replaces parts of at run time. Not
-# sdk/types.py: its public types take a list where they keep a tuple (PublishResult's
+# loop with its socket edges and the acks' operations, run once a pass, which at 1,000
+# messages/s is four times a message (docs/performance.md, "The loop compiled after
+# all"). Only modules that type-check (make lint) and that no test replaces parts of at
+# run time. Not sdk/types.py: its public types take a list where they keep a tuple (PublishResult's
 # __post_init__ converts it), which a compiled dataclass refuses before converting.
 UNITS = (
     "sdk/subjects.py",

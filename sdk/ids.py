@@ -20,7 +20,7 @@ from sdk.errors import InvalidMessage
 _RANDOM_BITS = 80
 # The random part is kept as two 40-bit halves: compiled (sdk/compiled.py), each fits a
 # machine word, where the 80-bit part and the 128-bit id are arbitrary-precision ints
-# whose every shift allocates. An id is named for each message the router stores.
+# whose every shift allocates. The router names every message it stores.
 _HALF_BITS = _RANDOM_BITS // 2
 _HALF_MAX = (1 << _HALF_BITS) - 1
 # Matched whole (`fullmatch`): with match, "$" also matched before a final newline.
