@@ -60,9 +60,10 @@ def remove_finished(mailbox: Mailbox, hints: Iterable[Hint], *, sync: bool = Tru
     result = Removed()
     listing: tuple[dict[str, str], set[str]] | None = None  # cur/, listed on a miss
     for message_id, claimed_at, done_at in hints:
-        path = f"{mailbox.failed_dir}/{message_id}"
+        failed = f"{mailbox.failed_dir}/{message_id}"
+        path: str | None = failed
         directory = mailbox.failed_dir
-        if not os.path.lexists(path):
+        if not os.path.lexists(failed):
             directory = mailbox.cur_dir
             path = None
             if claimed_at is not None and done_at is not None:
@@ -72,9 +73,9 @@ def remove_finished(mailbox: Mailbox, hints: Iterable[Hint], *, sync: bool = Tru
             if path is None:
                 if listing is None:
                     listing = _list_cur(mailbox.cur_dir)
-                name = listing[0].get(message_id)
-                if name is not None:
-                    path = f"{mailbox.cur_dir}/{name}"
+                listed = listing[0].get(message_id)
+                if listed is not None:
+                    path = f"{mailbox.cur_dir}/{listed}"
         if path is None:
             claimed = listing[1] if listing is not None else set()
             if message_id in claimed or os.path.lexists(f"{mailbox.new_dir}/{message_id}"):

@@ -39,7 +39,7 @@ Target = Literal["new", "cur", "failed"]  # cur: stored already claimed
 
 
 def deliver_batch(
-    items: Sequence[tuple[Mailbox, str, bytes, Target]],
+    items: Sequence[tuple[Mailbox, str, bytes, str]],  # the str a Target
 ) -> list[int | StorageError | InvalidMessage]:
     """Store many messages with one flush: per item its stored_at (ms) or the error
     (StorageError; InvalidMessage for an id that is not a ULID).
@@ -72,19 +72,21 @@ def deliver_batch(
         except OSError as exc:
             results[i] = _delivery_error(mailbox, message_id, exc)
             continue
-        keep = False
+        keep, failure = False, None
         try:
             write_all(fd, data)
             st = os.fstat(fd)
             dev = st.st_dev
             keep = files.add(fd, dev)
         except OSError as exc:
-            unlink_quiet(tmp)
-            results[i] = _delivery_error(mailbox, message_id, exc)
-            continue
+            failure = exc
         finally:
             if not keep:
                 os.close(fd)
+        if failure is not None:
+            unlink_quiet(tmp)
+            results[i] = _delivery_error(mailbox, message_id, failure)
+            continue
         written.append((i, mailbox, message_id, tmp, target_dir, mtime_ms(st), dev))
     fault_point(AFTER_TMP_WRITE)
 
@@ -113,14 +115,14 @@ def deliver_batch(
     fault_point(AFTER_DIR_SYNC)
 
     for i, mailbox, message_id, target_dir, name, stored_at, _ in renamed:
-        exc = dir_error[target_dir]
-        if exc is None:
+        error = dir_error[target_dir]
+        if error is None:
             results[i] = stored_at
             if name != message_id:
                 mailbox.remember_claim(message_id, name)
         else:
             unlink_quiet(f"{target_dir}/{name}")  # not durable: take it back
-            results[i] = _delivery_error(mailbox, message_id, exc)
+            results[i] = _delivery_error(mailbox, message_id, error)
     return results  # type: ignore[return-value]
 
 

@@ -242,7 +242,9 @@ class MessageIndex:
         about twice as fast as keeping it up to date row by row (bench_storage,
         "rebuild").
         """
-        return self.rebuild_rows(record_row(record) for record in records)
+        # map, not a generator expression: mypyc builds those at once, and a failure
+        # while reading the records must come inside the rebuild's transaction.
+        return self.rebuild_rows(map(record_row, records))
 
     def rebuild_rows(self, rows: Iterable[Sequence]) -> int:
         """`rebuild` from tuples in COLUMNS order (what `scan.iter_rows` yields)."""

@@ -22,7 +22,8 @@ class IndexChanges:
         # (id, endpoint, claimed_at, deliveries): deliveries counts this hand-out
         self.claims: list[tuple[str, str, int, int]] = []
         self.dones: list[tuple[str, str, int]] = []
-        self.fails: list[tuple[str, str, int, str, str, int]] = []
+        # (id, endpoint, failed_at, reason, code, size, deliveries)
+        self.fails: list[tuple[str, str, int, str, str, int, int]] = []
         self.requeues: list[tuple[str, str]] = []
         self.deletes: list[tuple[str, str]] = []
         # cur/ directories whose renames (claims, completions) this commit made: each is

@@ -367,9 +367,10 @@ class Mailbox:
         if os.path.exists(f"{self.new_dir}/{check_id(message_id)}"):
             source_dir, name = self.new_dir, message_id
         else:
-            name = self._find_cur(message_id)
-            if name is None:
+            found = self._find_cur(message_id)
+            if found is None:
                 self._raise_not_in_cur(message_id, "fail")
+            name = found
             parsed = parse_name(name)
             if parsed.flags and "S" in parsed.flags:
                 raise InvalidState(f"cannot fail {message_id} in {self.endpoint}: it is done")
