@@ -55,7 +55,8 @@ PURE_TESTS := tests/test_compiled.py tests/test_subjects.py tests/test_sublist.p
 	tests/test_reliability_wiring.py tests/test_rules.py tests/test_ids.py tests/test_types.py \
 	tests/test_consumers.py tests/test_federation_units.py tests/test_broker_messaging.py \
 	tests/test_writer_protocol.py tests/test_sockets.py tests/test_wire_limits.py \
-	tests/test_maildir.py tests/test_index.py tests/test_writer_claims.py
+	tests/test_maildir.py tests/test_index.py tests/test_writer_claims.py \
+	tests/test_sdk_transport.py tests/test_sdk_client.py
 
 # The model test of delivery for long (docs/testing.md): DURATION seconds (default 600)
 # or STEPS steps, JOBS rounds at a time; prints sequences, steps and failures at the end.

@@ -17,8 +17,10 @@ the I/O thread told to watch an answers' deadline. Then the handler's p50 (µs f
 publisher's call). With ``--stand-in``, no broker and no publisher: a process that
 answers the consumer's requests at once and pushes ``--count`` messages at ``--rate``
 per round, so that the figures are the consuming SDK's and ZeroMQ's alone and do not
-move with the disk (p50: from the push leaving the stand-in). A measurement: nothing is
-asserted.
+move with the disk (p50: from the push leaving the stand-in). The events are counted
+on pure Python (``RELAY_PURE=1``, the broker's processes too): a compiled class
+(sdk/compiled.py) refuses a wrapped method; ``--no-events`` runs what is installed. A
+measurement: nothing is asserted.
 """
 
 from __future__ import annotations
@@ -27,12 +29,16 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+if __name__ == "__main__" and "--no-events" not in sys.argv:  # before the SDK is imported
+    os.environ["RELAY_PURE"] = "1"
 
 import zmq
 

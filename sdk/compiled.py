@@ -37,9 +37,11 @@ PURE_ENV = "RELAY_PURE"
 # pure policies it runs (python -m bench.publish_cost names them all); and the router's
 # loop with its socket edges and the acks' operations, run once a pass, which at 1,000
 # messages/s is four times a message (docs/performance.md, "The loop compiled after
-# all"); and the writer's group commit, from its socket to its index transaction
-# (docs/performance.md, "The writer and the client compiled"). Only modules that
-# type-check (make lint) and that no test replaces parts of at run time. Not sdk/types.py: its public types take a list where they keep a tuple (PublishResult's
+# all"); the writer's group commit, from its socket to its index transaction; and the
+# client's threads, a publish's send and a subscription's read (docs/performance.md,
+# "The writer and the client compiled"). Only modules that type-check (make lint) and
+# that no test replaces parts of at run time (tests swap references instead:
+# tests/harness.py `StandIn`). Not sdk/types.py: its public types take a list where they keep a tuple (PublishResult's
 # __post_init__ converts it), which a compiled dataclass refuses before converting.
 UNITS = (
     "sdk/subjects.py",
@@ -74,6 +76,10 @@ UNITS = (
     "broker/router/writer_links.py",
     "broker/router/ops_consume.py",
     "sdk/sockets.py",
+    "sdk/transport.py",
+    "sdk/subscription.py",
+    "sdk/subscriptions.py",
+    "sdk/client.py",
     "workers/writer.py",
     "workers/group_commit.py",
     "workers/index.py",

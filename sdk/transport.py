@@ -325,7 +325,8 @@ class Transport:
                 left_ms = math.ceil((deadline - time.monotonic()) * 1000)
                 if left_ms <= 0:
                     return
-                ready = zmq.zmq_poll(
+                # Sockets and descriptors: the stub's overloads type it as one or the other.
+                ready: list[tuple[Any, int]] = zmq.zmq_poll(
                     [(self._dealer, zmq.POLLIN), (self._wanted.r, zmq.POLLIN)],
                     min(left_ms, IO_POLL_MS),
                 )
@@ -365,7 +366,9 @@ class Transport:
                     return False
                 due = follower.answers_due(now, self._send_answers)
                 wait_ms = FOLLOW_POLL_MS if due is None else math.ceil((due - now) * 1000)
-                ready = zmq.zmq_poll(poll, max(1, min(wait_ms, FOLLOW_POLL_MS)))
+                ready: list[tuple[Any, int]] = zmq.zmq_poll(
+                    poll, max(1, min(wait_ms, FOLLOW_POLL_MS))
+                )
                 self._receive()
                 if any(item == self._wanted.r for item, _ in ready):
                     self._dealer_lock.release()  # the I/O thread waits for it: awake

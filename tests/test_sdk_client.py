@@ -21,7 +21,7 @@ from sdk.ids import new_id
 from sdk.subscription import Delivery, SubscriptionWorker
 from sdk.transport import HEARTBEAT_S, ping_interval
 from sdk.types import Envelope, Signal, SignalType, StandardPayload
-from tests.harness import depth, wait_for
+from tests.harness import StandIn, depth, wait_for
 from tests.test_types import make_envelope
 
 pytestmark = pytest.mark.integration
@@ -400,7 +400,7 @@ def test_a_heartbeat_answered_during_unsubscribe_does_not_bring_it_back(broker):
             client._subscriptions.renew([(worker, worker.renewals)])
         return result
 
-    client._transport.call = call
+    client._subscriptions._connection = StandIn(client._transport, call=call)
     unsubscribe()
     assert client.status()["subscriptions"] == 0
     assert not client._subscriptions.workers
@@ -417,7 +417,7 @@ def test_subscriptions_renewed_after_a_router_restart_keep_their_own_handlers(br
     client.subscribe(B, lambda e: got[B].append(e.id))  # sub 2
     other.observe(B, lambda e: None)  # sub 3
     for c in (client, other):  # the test renews, in its order, not their heartbeats
-        c._subscriptions.router_holds = lambda subs: None
+        c._transport._consumer = StandIn(c._subscriptions, router_holds=lambda subs: None)
     broker.kill("router")
     broker.start_router()
     broker.wait_ready()
@@ -435,7 +435,8 @@ def test_two_renewals_of_one_loss_subscribe_once(broker):
     that runs second, after the first has renewed it, must not subscribe it again."""
     client = broker.client()
     client.register_endpoint(A)
-    client._subscriptions.router_holds = lambda subs: None  # the test plays the heartbeats
+    # The test plays the heartbeats.
+    client._transport._consumer = StandIn(client._subscriptions, router_holds=lambda subs: None)
     client.subscribe(A, lambda e: None)
     broker.kill("router")
     broker.start_router()

@@ -17,7 +17,7 @@ from sdk import wire
 from sdk.client import _fetch_fields, _publish_fields
 from sdk.sockets import waiting
 from sdk.transport import SENT_HERE_IN_FLIGHT, Request, Transport
-from tests.harness import wait_for
+from tests.harness import StandIn, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -176,13 +176,12 @@ def test_pings_leave_while_a_caller_waits_on_the_socket(broker):
 def _threads_reading_pushes(client: Any) -> list[str]:
     """The names of the threads that dispatch the client's pushed messages, in order."""
     subscriptions, names = client._subscriptions, []
-    pushed = subscriptions.pushed
 
     def noting(push: wire.Push) -> None:
         names.append(threading.current_thread().name)
-        pushed(push)
+        subscriptions.pushed(push)
 
-    subscriptions.pushed = noting  # the transport calls its consumer's, this instance's
+    client._transport._consumer = StandIn(subscriptions, pushed=noting)
     return names
 
 
