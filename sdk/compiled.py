@@ -41,8 +41,9 @@ PURE_ENV = "RELAY_PURE"
 # client's threads, a publish's send and a subscription's read (docs/performance.md,
 # "The writer and the client compiled"). Only modules that type-check (make lint) and
 # that no test replaces parts of at run time (tests swap references instead:
-# tests/harness.py `StandIn`). Not sdk/types.py: its public types take a list where they keep a tuple (PublishResult's
-# __post_init__ converts it), which a compiled dataclass refuses before converting.
+# tests/harness.py `StandIn`). Not sdk/types.py: its public types take a list where
+# they keep a tuple (PublishResult's __post_init__ converts it), which a compiled
+# dataclass refuses before converting.
 UNITS = (
     "sdk/subjects.py",
     "sdk/ids.py",
