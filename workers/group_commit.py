@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Literal
 
 from sdk.errors import InvalidMessage, StorageError
 from sdk.ids import is_id
@@ -35,14 +34,13 @@ from workers.flush import Written, sync_dirs
 from workers.fsio import FILE_MODE, OPEN_NEW, mtime_ms, storage_error, unlink_quiet, write_all
 from workers.maildir import Mailbox
 
-Target = Literal["new", "cur", "failed"]  # cur: stored already claimed
-
 
 def deliver_batch(
-    items: Sequence[tuple[Mailbox, str, bytes, str]],  # the str a Target
+    items: Sequence[tuple[Mailbox, str, bytes, str]],
 ) -> list[int | StorageError | InvalidMessage]:
-    """Store many messages with one flush: per item its stored_at (ms) or the error
-    (StorageError; InvalidMessage for an id that is not a ULID).
+    """Store many messages with one flush: per item (mailbox, id, data, target dir:
+    "new", "cur" for a copy stored claimed, or "failed") its stored_at (ms) or the
+    error (StorageError; InvalidMessage for an id that is not a ULID).
 
     The files are flushed with one syncfs (workers/flush.py says why), the renames
     made durable by one fsync per target directory, or by a second syncfs when the
