@@ -190,10 +190,14 @@ class Writer:
             self._process(batch)
 
     def _drain(self) -> list[list[bytes]]:
-        """What is queued, up to `MAX_BATCH` frames: asked first whether one waits, as
-        the router's loop does, rather than read until ``zmq.Again`` (pyzmq builds the
-        exception in Python; at 1,000 messages/s each commit would pay for one)."""
-        batch: list[list[bytes]] = []
+        """What is queued, up to `MAX_BATCH` frames. Read at once (the poll said so, but
+        for the drain at stop), then asked whether more waits before each further read,
+        as the router's loop drains, rather than read until ``zmq.Again`` (pyzmq builds
+        the exception in Python; at 1,000 messages/s each commit would pay for one)."""
+        try:
+            batch = [recv_parts(self.inbox)]
+        except zmq.Again:
+            return []
         while len(batch) < MAX_BATCH and waiting(self._inbox_item):
             batch.append(recv_parts(self.inbox))
         return batch
