@@ -30,7 +30,7 @@ from zmq.backend import zmq_poll
 
 NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE = int(zmq.SNDMORE)
-_POLLIN = int(zmq.POLLIN)
+POLLIN = int(zmq.POLLIN)
 _send = _CompiledSocket.send
 _recv = _CompiledSocket.recv
 
@@ -72,7 +72,7 @@ def recv_frames(sock: zmq.Socket, flags: int = NOBLOCK) -> list[zmq.Frame]:
 
 def poll_item(sock: zmq.Socket) -> PollItem:
     """The argument of `waiting` for ``sock``."""
-    return [(sock, _POLLIN)]
+    return [(sock, POLLIN)]
 
 
 def waiting(item: PollItem) -> bool:

@@ -58,7 +58,7 @@ from sdk.curve import CurveKeys
 from sdk.errors import NotAuthorized, RelayError, Timeout, Unavailable
 from sdk.holdings import Holdings
 from sdk.quiet import QuietSignals
-from sdk.sockets import NOBLOCK, PollItem, poll_item, recv_parts, send_parts, waiting
+from sdk.sockets import NOBLOCK, POLLIN, PollItem, poll_item, recv_parts, send_parts, waiting
 
 log = logging.getLogger("relay.client")
 
@@ -327,7 +327,7 @@ class Transport:
                     return
                 # Sockets and descriptors: the stub's overloads type it as one or the other.
                 ready: list[tuple[Any, int]] = zmq.zmq_poll(
-                    [(self._dealer, zmq.POLLIN), (self._wanted.r, zmq.POLLIN)],
+                    [(self._dealer, POLLIN), (self._wanted.r, POLLIN)],
                     min(left_ms, IO_POLL_MS),
                 )
                 self._receive()  # first: a reply that came with the I/O thread's call
@@ -354,9 +354,9 @@ class Transport:
             self._lent_to = follower
             self._receive()
             poll: list[tuple[Any, int]] = [
-                (self._dealer, zmq.POLLIN),
-                (self._wanted.r, zmq.POLLIN),
-                (follower.bell_fd(), zmq.POLLIN),
+                (self._dealer, POLLIN),
+                (self._wanted.r, POLLIN),
+                (follower.bell_fd(), POLLIN),
             ]
             while not follower.has_next() and not follower.stopping() and not self._closed:
                 now = time.monotonic()
@@ -555,7 +555,7 @@ class Transport:
 
     # ------------------------------------------------------------------ the I/O thread
 
-    def _open_dealer(self, poller: zmq.Poller) -> tuple[zmq.Socket, zmq.Socket]:
+    def _open_dealer(self) -> tuple[zmq.Socket, zmq.Socket]:
         """A DEALER to the router, and the monitor that reports a refused handshake. The
         I/O thread polls the DEALER's descriptor, not the socket: a caller may be using
         the socket meanwhile (`_lead`)."""
@@ -567,36 +567,41 @@ class Transport:
         dealer.connect(self.address)
         self._dealer_item: PollItem = poll_item(dealer)
         self._dealer_fd = dealer.getsockopt(zmq.FD)
-        poller.register(self._dealer_fd, zmq.POLLIN)
-        self._dealer_polled = True
-        poller.register(refusals, zmq.POLLIN)
         return dealer, refusals
 
-    def _close_dealer(self, poller: zmq.Poller, dealer: zmq.Socket, refusals: zmq.Socket) -> None:
-        if self._dealer_polled:  # not while blind (_poll_dealer)
-            poller.unregister(self._dealer_fd)
-        poller.unregister(refusals)
+    def _close_dealer(self, dealer: zmq.Socket, refusals: zmq.Socket) -> None:
         dealer.disable_monitor()
         refusals.close(0)
         dealer.close(0)
 
+    def _io_polls(self, refusals: zmq.Socket) -> tuple[list[Any], list[Any]]:
+        """What the I/O thread polls while it does not watch the DEALER (`_poll_dealer`),
+        and while it does: its descriptor first. Plain lists for ``zmq_poll``: a
+        `zmq.Poller` is Python on every poll, register and unregister."""
+        others = [
+            (self._outbox_in, POLLIN),
+            (self._sub, POLLIN),
+            (self._look.r, POLLIN),
+            (refusals, POLLIN),
+        ]
+        return others, [(self._dealer_fd, POLLIN), *others]
+
     def _io_loop(self) -> None:
-        poller = zmq.Poller()
-        self._dealer, refusals = self._open_dealer(poller)
+        self._dealer, refusals = self._open_dealer()
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
         if self._curve is not None:
             self._curve.apply(self._sub)
-        poller.register(self._outbox_in, zmq.POLLIN)
-        poller.register(self._sub, zmq.POLLIN)
-        poller.register(self._look.r, zmq.POLLIN)
+        blind_polls, polls = self._io_polls(refusals)
         self._io_ready.set()
         last_ping = time.monotonic()
         wait_ms = IO_POLL_MS
         try:
             while not self._closed:
-                self._poll_dealer(poller)
-                for sock, _ in poller.poll(wait_ms):
+                ready: list[tuple[Any, int]] = zmq.zmq_poll(
+                    polls if self._poll_dealer() else blind_polls, wait_ms
+                )
+                for sock, _ in ready:
                     if sock == self._look.r:
                         self._look.clear()
                         if self._io_reads and not self._dealer_lock.locked():
@@ -612,8 +617,9 @@ class Transport:
                         # if a later handshake passed, after we reported it failed.
                         self._take_dealer()
                         try:
-                            self._close_dealer(poller, self._dealer, refusals)
-                            self._dealer, refusals = self._open_dealer(poller)
+                            self._close_dealer(self._dealer, refusals)
+                            self._dealer, refusals = self._open_dealer()
+                            blind_polls, polls = self._io_polls(refusals)
                         finally:
                             self._io_lets_go()
                         break
@@ -644,29 +650,24 @@ class Transport:
                 wait_ms = max(1, math.ceil(min(IO_POLL_MS / 1000, wake - now) * 1000))
         finally:
             self._take_dealer()  # a caller leading lets go first
-            self._close_dealer(poller, self._dealer, refusals)
+            self._close_dealer(self._dealer, refusals)
             self._sub.close(0)
             self._outbox_in.close(0)
             self._wanted.close()
             self._look.close()
 
-    def _poll_dealer(self, poller: zmq.Poller) -> None:
-        """Poll the DEALER's descriptor only when something may arrive that no caller
-        reads (`_watch`): so a client that only calls, one call at a time, wakes no
-        other thread on its replies. Not while a caller holds the socket either: it
-        reads the socket itself, and rings `_look` when it lets go if something is left
-        to watch. Blind first, the lock and what to watch read second (a caller: its
-        future registered and the lock released first, blind read second), so that
-        one of the two sees the other and no arrival goes unread."""
+    def _poll_dealer(self) -> bool:
+        """Whether to poll the DEALER's descriptor: only when something may arrive that
+        no caller reads (`_watch`), so a client that only calls, one call at a time,
+        wakes no other thread on its replies. Not while a caller holds the socket
+        either: it reads the socket itself, and rings `_look` when it lets go if
+        something is left to watch. Blind first, the lock and what to watch read second
+        (a caller: its future registered and the lock released first, blind read
+        second), so that one of the two sees the other and no arrival goes unread."""
         self._io_blind = True
         blind = not self._watch() or self._dealer_lock.locked()
         self._io_blind = blind
-        if blind == self._dealer_polled:
-            if blind:
-                poller.unregister(self._dealer_fd)
-            else:
-                poller.register(self._dealer_fd, zmq.POLLIN)
-            self._dealer_polled = not blind
+        return not blind
 
     def _take_dealer(self) -> None:
         """(I/O thread) Take the DEALER; a caller holding it is told to let go."""
