@@ -39,14 +39,17 @@ PURE_ENV = "RELAY_PURE"
 # messages/s is four times a message (docs/performance.md, "The loop compiled after
 # all"); the writer's group commit, from its socket to its index transaction; and the
 # client's threads, a publish's send and a subscription's read (docs/performance.md,
-# "The writer and the client compiled"). Only modules that type-check (make lint) and
-# that no test replaces parts of at run time (tests swap references instead:
-# tests/harness.py `StandIn`). Not sdk/types.py: its public types take a list where
-# they keep a tuple (PublishResult's __post_init__ converts it), which a compiled
-# dataclass refuses before converting.
+# "The writer and the client compiled"), with the checks of what they read
+# (sdk/fields.py) and the hand-outs they hold (sdk/holdings.py). Only modules that
+# type-check (make lint) and that no test replaces parts of at run time (tests swap
+# references instead: tests/harness.py `StandIn`). Not sdk/types.py: its public types
+# take a list where they keep a tuple (PublishResult's __post_init__ converts it),
+# which a compiled dataclass refuses before converting.
 UNITS = (
     "sdk/subjects.py",
     "sdk/ids.py",
+    "sdk/fields.py",
+    "sdk/holdings.py",
     "sdk/wire.py",
     "sdk/paths.py",
     "broker/sublist.py",

@@ -10,6 +10,7 @@ envelope), so the common case returns early, without building the error's label.
 from __future__ import annotations
 
 import json
+import json.scanner
 import math
 from collections.abc import Mapping
 from enum import StrEnum
@@ -181,14 +182,33 @@ def _finite(text: str) -> float:
 # a pushed message is decoded on its handler's thread, 2-3 µs of it per message. What
 # it returns holds only what JSON can (finite numbers): `check_json_value` passes.
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite)
+# Its scanner, called directly for what Relay writes (`_compact_object`). The stub
+# wants a scanner as the context; any object with the decoder's options will do.
+_SCAN = json.scanner.make_scanner(_DECODER)  # type: ignore[arg-type]
 
 
 def loads_json(data: bytes) -> Mapping[str, Any]:
     """A JSON object from UTF-8 (or UTF-16/32) bytes, as `json.loads` reads them,
     holding only JSON values: NaN, Infinity and numbers too large for a float refused."""
     try:
-        text = data.decode(json.detect_encoding(data), "surrogatepass")
-        obj = _DECODER.decode(text)
+        return as_mapping(_compact_object(data) or _loads(data), "message file")
     except (ValueError, TypeError) as err:  # JSONDecodeError, UnicodeDecodeError
         raise InvalidMessage(f"message file is not valid JSON: {err}") from None
-    return as_mapping(obj, "message file")
+
+
+def _compact_object(data: bytes) -> Any:
+    """A UTF-8 object with nothing around it (what Relay writes, `dumps_json`), read by
+    the decoder's C scanner alone: no encoding sniffed, no whitespace skipped, no
+    Python frame of `json` on the way (a pushed message's path). None otherwise."""
+    if data[:1] != b"{" or data[-1:] != b"}" or data[1:2] == b"\x00":
+        return None
+    text = data.decode("utf-8", "surrogatepass")
+    try:
+        obj, end = _SCAN(text, 0)
+    except StopIteration:
+        return None
+    return obj if end == len(text) else None
+
+
+def _loads(data: bytes) -> Any:
+    return _DECODER.decode(data.decode(json.detect_encoding(data), "surrogatepass"))

@@ -101,7 +101,9 @@ class SubscriptionWorker:
         # Each answer waits for the router's before the next message is handled: done
         # (or a dead letter) for sure, at one round trip and one commit per message.
         self.confirm = confirm
-        self.queue: queue.Queue[Delivery | None] = queue.Queue()
+        # SimpleQueue: its put, get and empty are C, where Queue's are Python under a
+        # Condition, each call taking locks the handler path runs per message.
+        self.queue: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="relay-handler", daemon=True)
         # Handled, not yet answered, and by when they leave: sent by this thread when a
         # quarter of the credit waits, else by the client's I/O thread at the deadline
