@@ -81,6 +81,10 @@ IO_MOMENT_S = 0.05  # the longest a follower waits for the I/O thread to let go
 # flight as the disk allows: 4 left most of them to the I/O thread on a slow minute);
 # pipelined, the I/O thread batches what callers queue (one frame for many).
 SENT_HERE_IN_FLIGHT = 16
+# After a request sent without waiting, the I/O thread watches the DEALER this long even
+# with nothing in flight: the next one then needs no ring to have it read its reply, a
+# wake-up of the I/O thread at the moment the request leaves (`_watch`).
+WATCH_AFTER_SENT_S = 0.1
 # A refusal, not a connection cut mid-handshake (NO_DETAIL: a router restarting).
 _REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 _numbers = itertools.count(1)  # names each transport's inproc socket uniquely
@@ -164,6 +168,7 @@ class Transport:
         # thread then looks again whether to poll it (`_poll_dealer`).
         self._look = Bell()
         self._io_blind = False
+        self._sent_lately_until = 0.0  # time.monotonic() before which `_watch` holds
         # Set with a ring of `_look` by a caller that let go with a message unread
         # (`_let_go_unread`): the I/O thread reads the DEALER when it looks.
         self._io_reads = False
@@ -253,6 +258,8 @@ class Transport:
         as one batch through the I/O thread."""
         future = Future() if convert is None else Converting(convert)
         here_below = SENT_HERE_IN_FLIGHT if sent_here else 0
+        if sent_here:
+            self._sent_lately_until = time.monotonic() + WATCH_AFTER_SENT_S
         future, deadline = self._submit(op, timeout, on_reply, fields, future, here_below)
         if deadline is not None:  # sent here: let go of the socket, not read
             self._let_go_unread()
@@ -663,9 +670,12 @@ class Transport:
         either: it reads the socket itself, and rings `_look` when it lets go if
         something is left to watch. Blind first, the lock and what to watch read second
         (a caller: its future registered and the lock released first, blind read
-        second), so that one of the two sees the other and no arrival goes unread."""
+        second), so that one of the two sees the other and no arrival goes unread.
+        A client that sent without waiting lately (`WATCH_AFTER_SENT_S`) is watched
+        anyway: its next such request then leaves without ringing this thread."""
         self._io_blind = True
-        blind = not self._watch() or self._dealer_lock.locked()
+        quiet = not self._watch() and time.monotonic() >= self._sent_lately_until
+        blind = quiet or self._dealer_lock.locked()
         self._io_blind = blind
         return not blind
 
