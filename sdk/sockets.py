@@ -75,6 +75,13 @@ def poll_item(sock: zmq.Socket) -> PollItem:
     return [(sock, POLLIN)]
 
 
+def ready_in(items: list[tuple[Any, int]], timeout_ms: int) -> set[Any]:
+    """The sockets and descriptors of ``items`` (each with `POLLIN`) that are readable
+    within ``timeout_ms``: ``dict(zmq.Poller().poll(timeout_ms))`` without the Poller,
+    whose poll is Python on every pass of a loop."""
+    return {item for item, _ in zmq_poll(items, timeout_ms)}
+
+
 def waiting(item: PollItem) -> bool:
     """Whether a message waits on the socket of ``item`` (`poll_item`), without waiting:
     cheaper than a non-blocking receive that raises ``zmq.Again`` when none does."""

@@ -40,7 +40,7 @@ from sdk.errors import (
 )
 from sdk.ids import is_id
 from sdk.paths import UNROUTABLE, Home, is_mailbox_name, shard_of
-from sdk.sockets import poll_item, recv_parts, send_parts, waiting
+from sdk.sockets import POLLIN, poll_item, ready_in, recv_parts, send_parts, waiting
 from sdk.types import relayed_from
 from workers import clock, ingest
 from workers import protocol as proto
@@ -171,12 +171,9 @@ class Writer:
     # ------------------------------------------------------------------ main loop
 
     def serve(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.inbox, zmq.POLLIN)
-        poller.register(self.inotify.fileno(), zmq.POLLIN)
-        poller.register(self.connected, zmq.POLLIN)
+        polled = [(self.inbox, POLLIN), (self.inotify.fileno(), POLLIN), (self.connected, POLLIN)]
         while not self.stopping:
-            events = dict(poller.poll(IDLE_POLL_MS))
+            events = ready_in(polled, IDLE_POLL_MS)
             if self.connected in events:
                 self.connected.recv_multipart()
                 # On the shard socket itself: the router learns which connection is ours.

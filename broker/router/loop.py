@@ -55,7 +55,7 @@ from broker.zap import ZapHandler
 from sdk import wire
 from sdk.errors import Unavailable
 from sdk.paths import Home
-from sdk.sockets import PollItem, poll_item, recv_parts, waiting
+from sdk.sockets import POLLIN, PollItem, poll_item, ready_in, recv_parts, waiting
 from workers import protocol as proto
 from workers.maildir import Mailbox
 from workers.process import run_until_stopped
@@ -159,15 +159,14 @@ class Router:
 
     def serve(self) -> None:
         # The busy sockets, and one descriptor for the rest (broker/router/quiet_sockets.py).
-        poller = zmq.Poller()
         clients, signals = self.public.clients, self.public.signals
         quiet = self.quiet.fileno()
-        for waitable in (clients, signals, self.from_writers, quiet, self.watch.fileno()):
-            poller.register(waitable, zmq.POLLIN)
+        waitables = (clients, signals, self.from_writers, quiet, self.watch.fileno())
+        polled = [(waitable, POLLIN) for waitable in waitables]
         signals_item, writers_item = poll_item(signals), poll_item(self.from_writers)
         next_sweep = 0
         while not self.stopping:
-            events_ = dict(poller.poll(POLL_MS))
+            events_ = ready_in(polled, POLL_MS)
             now = now_ms()
             # At each sweep too: a command the descriptor did not report (quiet_sockets.py)
             ready = self.quiet.ready() if quiet in events_ or now >= next_sweep else set()
