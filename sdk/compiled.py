@@ -92,6 +92,9 @@ UNITS = (
     "workers/flush.py",
     "workers/fsio.py",
     "workers/filenames.py",
+    "workers/clock.py",
+    "broker/router/indexes.py",
+    "broker/router/federation.py",
 )
 
 

@@ -160,8 +160,8 @@ class Router:
     def serve(self) -> None:
         # The busy sockets, and one descriptor for the rest (broker/router/quiet_sockets.py).
         clients, signals = self.public.clients, self.public.signals
-        quiet = self.quiet.fileno()
-        waitables = (clients, signals, self.from_writers, quiet, self.watch.fileno())
+        quiet, watched = self.quiet.fileno(), self.watch.fileno()
+        waitables = (clients, signals, self.from_writers, quiet, watched)
         polled = [(waitable, POLLIN) for waitable in waitables]
         signals_item, writers_item = poll_item(signals), poll_item(self.from_writers)
         next_sweep = 0
@@ -170,7 +170,7 @@ class Router:
             now = now_ms()
             # At each sweep too: a command the descriptor did not report (quiet_sockets.py)
             ready = self.quiet.ready() if quiet in events_ or now >= next_sweep else set()
-            if self.watch.fileno() in events_:
+            if watched in events_:
                 self._files_changed(self.watch.changed())
             if self.zap.socket in ready:
                 self.zap.handle()
