@@ -76,11 +76,19 @@ OPERATIONS = frozenset(
 )
 
 
-@dataclass(slots=True)  # not frozen: one is made per request, and frozen costs its __init__
+# Not frozen, and its own __init__: one is made per request, and a dataclass's generated
+# __init__ runs as Python even in the compiled build (a frozen one slower still), where
+# this one is compiled (docs/performance.md, "The router's last interpreted calls").
+@dataclass(slots=True, init=False)
 class Request:
     op: str
     rid: int
     body: dict[str, Any]
+
+    def __init__(self, op: str, rid: int, body: dict[str, Any]) -> None:
+        self.op = op
+        self.rid = rid
+        self.body = body
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.body.get(name, default)

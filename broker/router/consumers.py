@@ -55,7 +55,7 @@ class Released(NamedTuple):
     why: str  # "gone", "ack_wait", "orphan", "handed back"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)  # its own __init__, compiled: sdk/wire.py `Request`
 class Held:
     """A message handed to a client and not answered yet."""
 
@@ -63,7 +63,16 @@ class Held:
     sender: str  # the message's sender, for its delivery receipt
     deliveries: int  # which hand-out this is (1: the first)
     since: int  # ms: handed out, or last said to be in progress
-    ack_wait: int | None = None  # ms; past since + ack_wait it is taken back
+    ack_wait: int | None  # ms; past since + ack_wait it is taken back
+
+    def __init__(
+        self, sub: int | None, sender: str, deliveries: int, since: int, ack_wait: int | None = None
+    ) -> None:
+        self.sub = sub
+        self.sender = sender
+        self.deliveries = deliveries
+        self.since = since
+        self.ack_wait = ack_wait
 
 
 @dataclass(eq=False)

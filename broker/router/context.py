@@ -41,7 +41,8 @@ def now_ms() -> int:
 DEFERRED = object()  # the reply is sent later, when the writers have answered
 
 
-@dataclass(frozen=True)
+# Not frozen, and its own __init__, compiled: one per ack (sdk/wire.py `Request`).
+@dataclass(init=False)
 class WriterWork:
     """One operation (``name``) for the writers of some shards, with its arguments per
     shard; ``on_done`` builds the reply from their answers (``job.results``)."""
@@ -52,7 +53,19 @@ class WriterWork:
     # Applied to each writer's answer (its result) as it comes, even after the request
     # was answered unavailable at its deadline: what a writer did is done, and the
     # router's state must follow (the ledger's queue of a requeued dead letter).
-    on_reply: Callable[[Any], None] | None = None
+    on_reply: Callable[[Any], None] | None
+
+    def __init__(
+        self,
+        name: str,
+        args_by_shard: dict[int, dict[str, Any]],
+        on_done: Callable[[Job], Any],
+        on_reply: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.args_by_shard = args_by_shard
+        self.on_done = on_done
+        self.on_reply = on_reply
 
 
 class WriterStates(Protocol):

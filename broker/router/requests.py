@@ -228,15 +228,30 @@ class Unsubscribe:
         return cls(_int(body, "sub"))
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, and its own __init__, compiled: one per answer (sdk/wire.py `Request`).
+@dataclass(slots=True, init=False)
 class Finish:
     """ack, nack, complete, fail, requeue: one message of one mailbox."""
 
     id: str
     endpoint: str  # the mailbox hash
     reason: str | None  # nack, fail: why (at most 1000 characters kept)
-    deliveries: int | None = None  # the hand-out answered; None: whichever is held
-    code: str | None = None  # nack: the dead letter's code (default "nack")
+    deliveries: int | None  # the hand-out answered; None: whichever is held
+    code: str | None  # nack: the dead letter's code (default "nack")
+
+    def __init__(
+        self,
+        id: str,
+        endpoint: str,
+        reason: str | None,
+        deliveries: int | None = None,
+        code: str | None = None,
+    ) -> None:
+        self.id = id
+        self.endpoint = endpoint
+        self.reason = reason
+        self.deliveries = deliveries
+        self.code = code
 
     @classmethod
     def decode(cls, body: Body) -> Finish:
