@@ -37,14 +37,17 @@ PURE_ENV = "RELAY_PURE"
 # pure policies it runs (python -m bench.publish_cost names them all); and the router's
 # loop with its socket edges and the acks' operations, run once a pass, which at 1,000
 # messages/s is four times a message (docs/performance.md, "The loop compiled after
-# all"); the writer's group commit, from its socket to its index transaction; and the
-# client's threads, a publish's send and a subscription's read (docs/performance.md,
-# "The writer and the client compiled"), with the checks of what they read
-# (sdk/fields.py) and the hand-outs they hold (sdk/holdings.py). Only modules that
-# type-check (make lint) and that no test replaces parts of at run time (tests swap
-# references instead: tests/harness.py `StandIn`). Not sdk/types.py: its public types
-# take a list where they keep a tuple (PublishResult's __post_init__ converts it),
-# which a compiled dataclass refuses before converting.
+# all"), with what the loop calls each pass (the clock, the index readers,
+# federation's holds); the writer's group commit, from its socket to its index
+# transaction; and the client's threads, a publish's send and a subscription's read
+# (docs/performance.md, "The writer and the client compiled"), with the checks of what
+# they read (sdk/fields.py) and the hand-outs they hold (sdk/holdings.py; "The last
+# interpreted calls on the handler path"). Only modules that type-check (make lint)
+# and that no test replaces parts of at run time (tests swap references instead:
+# tests/harness.py `StandIn`). Not sdk/types.py: its public types take a list where
+# they keep a tuple (PublishResult's __post_init__ converts it), which a compiled
+# dataclass refuses before converting, and a compiled frozen dataclass does not
+# unpickle.
 UNITS = (
     "sdk/subjects.py",
     "sdk/ids.py",

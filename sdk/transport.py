@@ -58,7 +58,16 @@ from sdk.curve import CurveKeys
 from sdk.errors import NotAuthorized, RelayError, Timeout, Unavailable
 from sdk.holdings import Holdings
 from sdk.quiet import QuietSignals
-from sdk.sockets import NOBLOCK, POLLIN, PollItem, poll_item, recv_parts, send_parts, waiting
+from sdk.sockets import (
+    NOBLOCK,
+    POLLIN,
+    PollItem,
+    poll_item,
+    ready_in,
+    recv_parts,
+    send_parts,
+    waiting,
+)
 
 log = logging.getLogger("relay.client")
 
@@ -83,7 +92,7 @@ IO_MOMENT_S = 0.05  # the longest a follower waits for the I/O thread to let go
 SENT_HERE_IN_FLIGHT = 16
 # After a request sent without waiting, the I/O thread watches the DEALER this long even
 # with nothing in flight: the next one then needs no ring to have it read its reply, a
-# wake-up of the I/O thread at the moment the request leaves (`_watch`).
+# wake-up of the I/O thread at the moment the request leaves (`_poll_dealer`).
 WATCH_AFTER_SENT_S = 0.1
 # A refusal, not a connection cut mid-handshake (NO_DETAIL: a router restarting).
 _REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -168,7 +177,7 @@ class Transport:
         # thread then looks again whether to poll it (`_poll_dealer`).
         self._look = Bell()
         self._io_blind = False
-        self._sent_lately_until = 0.0  # time.monotonic() before which `_watch` holds
+        self._sent_lately_until = 0.0  # time.monotonic(): watched until (`_poll_dealer`)
         # Set with a ring of `_look` by a caller that let go with a message unread
         # (`_let_go_unread`): the I/O thread reads the DEALER when it looks.
         self._io_reads = False
@@ -605,10 +614,7 @@ class Transport:
         wait_ms = IO_POLL_MS
         try:
             while not self._closed:
-                ready: list[tuple[Any, int]] = zmq.zmq_poll(
-                    polls if self._poll_dealer() else blind_polls, wait_ms
-                )
-                for sock, _ in ready:
+                for sock in ready_in(polls if self._poll_dealer() else blind_polls, wait_ms):
                     if sock == self._look.r:
                         self._look.clear()
                         if self._io_reads and not self._dealer_lock.locked():

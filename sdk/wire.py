@@ -78,7 +78,7 @@ OPERATIONS = frozenset(
 
 # Not frozen, and its own __init__: one is made per request, and a dataclass's generated
 # __init__ runs as Python even in the compiled build (a frozen one slower still), where
-# this one is compiled (docs/performance.md, "The router's last interpreted calls").
+# this one is compiled (docs/performance.md, "The last interpreted calls on the handler path").
 @dataclass(slots=True, init=False)
 class Request:
     op: str
