@@ -18,18 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import threading
 from collections import Counter
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import consumer_path, sdk_instructions, sdk_path
-from bench.common import stand_in_at
-from sdk.client import Client
-
-WARM = 100
+from bench import sdk_instructions
 
 
 class FrameCount:
@@ -46,7 +41,7 @@ class FrameCount:
             self.frames[f"{where} [{threading.current_thread().name}]"] += 1
 
 
-def counted(count: FrameCount, run: Any) -> None:
+def counted(count: FrameCount, run: sdk_instructions.Runner) -> None:
     count.on = True
     try:
         run()
@@ -64,23 +59,7 @@ def main() -> None:
     count = FrameCount()
     threading.setprofile(count)  # every thread the client starts from here on
     sys.setprofile(count)
-    home = Path(tempfile.mkdtemp(prefix="relay-sdk-frames-"))
-    if args.path == "consume":
-        seen: list[int] = []
-        with stand_in_at(home, consumer_path.stand_in) as address:
-            client = Client(address, timeout=60)
-            client.subscribe(consumer_path.SUBJECT, lambda envelope: seen.append(1))
-            consumer_path.stand_in_round(client, WARM, args.rate, seen)
-            seen.clear()
-            rounds = consumer_path.stand_in_round
-            counted(count, lambda: rounds(client, args.count, args.rate, seen))
-            client.close()
-    else:
-        with stand_in_at(home, sdk_path.stand_in) as address:
-            client = Client(address, timeout=60)
-            sdk_instructions.publish_async(client, WARM, args.rate)
-            counted(count, lambda: sdk_instructions.publish_async(client, args.count, args.rate))
-            client.close()
+    sdk_instructions.workload(args.path, args.count, args.rate, lambda run: counted(count, run))
     sys.setprofile(None)
     threading.setprofile(None)
     figures = {

@@ -35,8 +35,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from bench import consumer_path, sdk_path
 from bench.common import paced, stand_in_at
@@ -45,6 +45,7 @@ from sdk.client import Client
 
 INSIDE = "RELAY_BENCH_UNDER_CALLGRIND"  # set for the run under valgrind: its dump name
 WARM = 100
+Runner = Callable[[], None]  # the measured messages, sent or consumed
 
 
 def publish_async(client: Client, count: int, rate: float) -> None:
@@ -61,7 +62,7 @@ def publish(client: Client, count: int, rate: float) -> None:
         client.publish(sdk_path.SUBJECT, {**sdk_path.PAYLOAD, "n": n}, sender=sdk_path.SENDER)
 
 
-def counted(dump: str, run: Any) -> None:
+def counted(dump: str, run: Runner) -> None:
     """``run()`` with callgrind counting, dumped under ``dump``."""
     pid = os.getpid()
     callgrind(pid, "--zero")
@@ -71,27 +72,30 @@ def counted(dump: str, run: Any) -> None:
     callgrind(pid, "--instr=off")
 
 
-def inside(args: argparse.Namespace) -> None:
-    home = Path(tempfile.mkdtemp(prefix="relay-sdk-instructions-"))
-    if args.path == "consume":
+def workload(path: str, count: int, rate: float, measured: Callable[[Runner], None]) -> None:
+    """``path``'s workload against its stand-in: `WARM` messages, then ``count`` more
+    run inside ``measured`` (which counts what it wants around the run it is given)."""
+    home = Path(tempfile.mkdtemp(prefix="relay-sdk-workload-"))
+    if path == "consume":
         seen: list[int] = []
         with stand_in_at(home, consumer_path.stand_in) as address:
             client = Client(address, timeout=120)
             client.subscribe(consumer_path.SUBJECT, lambda envelope: seen.append(1))
-            consumer_path.stand_in_round(client, WARM, args.rate, seen)
+            consumer_path.stand_in_round(client, WARM, rate, seen)
             seen.clear()
-            counted(
-                args.path,
-                lambda: consumer_path.stand_in_round(client, args.count, args.rate, seen),
-            )
+            measured(lambda: consumer_path.stand_in_round(client, count, rate, seen))
             client.close()
         return
     with stand_in_at(home, sdk_path.stand_in) as address:
         client = Client(address, timeout=120)
-        run = publish_async if args.path == "publish_async" else publish
-        run(client, WARM, args.rate)
-        counted(args.path, lambda: run(client, args.count, args.rate))
+        run = publish_async if path == "publish_async" else publish
+        run(client, WARM, rate)
+        measured(lambda: run(client, count, rate))
         client.close()
+
+
+def inside(args: argparse.Namespace) -> None:
+    workload(args.path, args.count, args.rate, lambda run: counted(args.path, run))
 
 
 def main() -> None:
