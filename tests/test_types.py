@@ -11,6 +11,7 @@ import pytest
 
 from sdk import wire
 from sdk.errors import InvalidMessage, InvalidSubject, MalformedFrame
+from sdk.fields import loads_json
 from sdk.ids import new_id
 from sdk.types import (
     DEFAULT_CALL_BUDGET,
@@ -655,3 +656,36 @@ def test_a_message_file_whose_payload_overflows_a_float_is_refused(number: bytes
     data = make_envelope(payload={"x": 1}).to_json().replace(b'"x":1', b'"x":' + number)
     with pytest.raises(InvalidMessage, match="not a finite number"):
         Envelope.from_json(data)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"a":1,"b":[2.5,"x"]}',  # what Relay writes: read by the scanner alone
+        b'  {"a":1}\n',  # whitespace around it: json's decode
+        '{"a":"é"}'.encode("utf-16"),  # another encoding: json's decode
+        b"{}",
+    ],
+    ids=["compact", "spaced", "utf-16", "empty"],
+)
+def test_a_message_file_reads_as_json_loads_reads_it(data: bytes) -> None:
+    assert loads_json(data) == json.loads(data)
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        (b'{"a":1}}', "Extra data"),
+        (b'{"a":1} x', "Extra data"),
+        (b'{"a":', "Expecting value"),
+        (b'{"a":NaN}', "NaN is not valid JSON"),
+        (b'{"a":"\xff"}', "can't decode byte 0xff"),
+        (b"[1]", "must be an object"),
+    ],
+    ids=["extra-brace", "extra-text", "cut", "nan", "not-utf-8", "a-list"],
+)
+def test_a_message_file_that_is_not_a_json_object_is_refused_with_json_s_reason(
+    data: bytes, error: str
+) -> None:
+    with pytest.raises(InvalidMessage, match=error):
+        loads_json(data)
