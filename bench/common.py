@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from sdk import wire
+
 # Figures of one contender's round, by name ("rate", "p50", "router_cpu", ...).
 Figures = dict[str, float]
 
@@ -157,6 +159,18 @@ def stand_in_at(home: Path, serve: Callable[[str], None]) -> Iterator[str]:
     finally:
         process.kill()
         remove_when_done(home)
+
+
+def stand_in_hello(address: str, subs: list[int]) -> dict[str, object]:
+    """What a stand-in broker answers to hello and ping: batches allowed, a session, the
+    subscriptions it holds, a signals address beside ``address``."""
+    return {
+        "session": "stand-in",
+        "batch": wire.MAX_BATCH,
+        "subs": subs,
+        "sessionTimeoutMs": 5000,
+        "signals": f"{address}-signals",
+    }
 
 
 def stop_broker(broker) -> None:

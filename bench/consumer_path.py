@@ -43,7 +43,7 @@ if __name__ == "__main__" and "--no-events" not in sys.argv:  # before the SDK i
 import zmq
 
 import sdk.transport as transport
-from bench.common import paced, remove_when_done, stand_in_at, stop_broker
+from bench.common import paced, remove_when_done, stand_in_at, stand_in_hello, stop_broker
 from sdk import subscription, subscriptions, wire
 from sdk.client import Client
 from sdk.ids import new_id
@@ -127,8 +127,7 @@ def stand_in(address: str) -> None:
     rate to the subscription. Runs until killed."""
     sock = zmq.Context().socket(zmq.ROUTER)
     sock.bind(address)
-    session = {"session": "stand-in", "batch": wire.MAX_BATCH, "subs": [1]}
-    session |= {"sessionTimeoutMs": 5000, "signals": f"{address}-signals"}
+    session = stand_in_hello(address, [1])
     budget = Budget(0, 5, [], 2**62, 10)
     peer, left, every, next_at = b"", 0, 0.0, 0.0
     while True:

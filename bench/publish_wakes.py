@@ -29,7 +29,7 @@ from pathlib import Path
 import zmq
 
 from bench import sdk_path
-from bench.common import paced, stand_in_at
+from bench.common import paced, stand_in_at, stand_in_hello
 from sdk import wire
 from sdk.client import Client
 
@@ -41,9 +41,7 @@ def stand_in(address: str, reply_after_s: float) -> None:
     after it came, as a stored publish. Runs until killed."""
     sock = zmq.Context().socket(zmq.ROUTER)
     sock.bind(address)
-    session = {"session": "stand-in", "batch": wire.MAX_BATCH, "subs": []}
-    session |= {"sessionTimeoutMs": 5000, "signals": f"{address}-signals"}
-    stored = {"messageId": "01JDQ3ZV9R6Q4W1T3M00000000", "deliveredTo": 1, "rejected": []}
+    session = stand_in_hello(address, [])
     due: deque[tuple[float, list[bytes]]] = deque()  # (when, frames), in order
     while True:
         while due and due[0][0] <= time.monotonic():
@@ -60,7 +58,7 @@ def stand_in(address: str, reply_after_s: float) -> None:
         many = isinstance(requests, list)
         for r in requests if many else [requests]:
             at_once = r["op"] in ("hello", "ping")
-            reply = wire.ok_body(r["rid"], session if at_once else stored)
+            reply = wire.ok_body(r["rid"], session if at_once else sdk_path.STORED)
             frames = [peer, wire.MAGIC, wire.batch([reply]) if many else reply]
             if at_once:
                 sock.send_multipart(frames)

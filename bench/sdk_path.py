@@ -31,13 +31,16 @@ from typing import Any
 import zmq
 
 import sdk.transport as transport
-from bench.common import remove_when_done, stand_in_at, stop_broker
+from bench.common import remove_when_done, stand_in_at, stand_in_hello, stop_broker
 from sdk import compiled, wire
 from sdk.client import Client
 from tests.harness import Broker
 
 SUBJECT, SENDER = "relay.agent.bench.path", "relay.agent.bench.producer"
 PAYLOAD = {"content": "x" * 300, "performative": "inform"}
+# What the stand-ins answer to a publish: stored, one copy.
+STORED = {"messageId": "01JDQ3ZV9R6Q4W1T3M00000000", "deliveredTo": 1, "rejected": []}
+STORED |= {"mailboxPressure": {"0123456789ab": 0.001}, "details": {}}
 # Marks taken along a publish, in order; a stage ends at its mark and starts at the
 # previous one the publish passed (a caller that sends its request itself passes no
 # "io_woke").
@@ -150,16 +153,13 @@ def stand_in(address: str) -> None:
     (batches, a session), anything else as a stored publish. Runs until killed."""
     sock = zmq.Context().socket(zmq.ROUTER)
     sock.bind(address)
-    session = {"session": "stand-in", "batch": wire.MAX_BATCH, "subs": []}
-    session |= {"sessionTimeoutMs": 5000, "signals": f"{address}-signals"}
-    stored = {"messageId": "01JDQ3ZV9R6Q4W1T3M00000000", "deliveredTo": 1, "rejected": []}
-    stored |= {"mailboxPressure": {"0123456789ab": 0.001}, "details": {}}
+    session = stand_in_hello(address, [])
     while True:
         peer, _magic, body = sock.recv_multipart()
         requests = wire.unpackb(body)
         many = isinstance(requests, list)
         replies = [
-            wire.ok_body(r["rid"], session if r["op"] in ("hello", "ping") else stored)
+            wire.ok_body(r["rid"], session if r["op"] in ("hello", "ping") else STORED)
             for r in (requests if many else [requests])
             if r.get("reply", True)
         ]

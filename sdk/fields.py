@@ -191,7 +191,8 @@ def loads_json(data: bytes) -> Mapping[str, Any]:
     """A JSON object from UTF-8 (or UTF-16/32) bytes, as `json.loads` reads them,
     holding only JSON values: NaN, Infinity and numbers too large for a float refused."""
     try:
-        return as_mapping(_compact_object(data) or _loads(data), "message file")
+        obj = _compact_object(data)
+        return as_mapping(_loads(data) if obj is None else obj, "message file")
     except (ValueError, TypeError) as err:  # JSONDecodeError, UnicodeDecodeError
         raise InvalidMessage(f"message file is not valid JSON: {err}") from None
 

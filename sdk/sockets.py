@@ -82,6 +82,22 @@ def ready_in(items: list[tuple[Any, int]], timeout_ms: int) -> set[Any]:
     return {item for item, _ in zmq_poll(items, timeout_ms)}
 
 
+def read_queued(item: PollItem, limit: int) -> list[list[bytes]]:
+    """The messages queued on the socket of ``item``, up to ``limit``: the first read at
+    once (a poll said one waits; empty if none does after all), each further one only
+    once `waiting` says so, rather than reading until ``zmq.Again``: most reads find
+    one message, and pyzmq's exception costs more than the message (docs/performance.md,
+    "Each pass of the router's loop")."""
+    sock = item[0][0]
+    try:
+        queued = [recv_parts(sock)]
+    except zmq.Again:
+        return []
+    while len(queued) < limit and waiting(item):
+        queued.append(recv_parts(sock))
+    return queued
+
+
 def waiting(item: PollItem) -> bool:
     """Whether a message waits on the socket of ``item`` (`poll_item`), without waiting:
     cheaper than a non-blocking receive that raises ``zmq.Again`` when none does."""

@@ -40,7 +40,7 @@ from sdk.errors import (
 )
 from sdk.ids import is_id
 from sdk.paths import UNROUTABLE, Home, is_mailbox_name, shard_of
-from sdk.sockets import POLLIN, poll_item, ready_in, recv_parts, send_parts, waiting
+from sdk.sockets import POLLIN, poll_item, read_queued, ready_in, send_parts
 from sdk.types import relayed_from
 from workers import clock, ingest
 from workers import protocol as proto
@@ -187,17 +187,9 @@ class Writer:
             self._process(batch)
 
     def _drain(self) -> list[list[bytes]]:
-        """What is queued, up to `MAX_BATCH` frames. Read at once (the poll said so, but
-        for the drain at stop), then asked whether more waits before each further read,
-        as the router's loop drains, rather than read until ``zmq.Again`` (pyzmq builds
-        the exception in Python; at 1,000 messages/s each commit would pay for one)."""
-        try:
-            batch = [recv_parts(self.inbox)]
-        except zmq.Again:
-            return []
-        while len(batch) < MAX_BATCH and waiting(self._inbox_item):
-            batch.append(recv_parts(self.inbox))
-        return batch
+        """What is queued, up to `MAX_BATCH` frames, read as the router's loop reads
+        (sdk/sockets.py `read_queued`)."""
+        return read_queued(self._inbox_item, MAX_BATCH)
 
     def close(self) -> None:
         index: MessageIndex | None = getattr(self, "index", None)  # None: never started

@@ -55,7 +55,7 @@ from broker.zap import ZapHandler
 from sdk import wire
 from sdk.errors import Unavailable
 from sdk.paths import Home
-from sdk.sockets import POLLIN, PollItem, poll_item, ready_in, recv_parts, waiting
+from sdk.sockets import POLLIN, PollItem, poll_item, read_queued, ready_in, waiting
 from workers import protocol as proto
 from workers.maildir import Mailbox
 from workers.process import run_until_stopped
@@ -223,19 +223,10 @@ class Router:
 
     @staticmethod
     def _drain(item: PollItem, handle: Callable[[list[bytes]], None], limit: int = 1000) -> None:
-        """Read what waits on the socket of ``item`` (the poll said something does) until
-        nothing does, asking `waiting` rather than reading until ``zmq.Again``: most
-        passes find one message, and the exception cost more than the message
-        (docs/performance.md, "Each pass of the router's loop")."""
-        sock = item[0][0]
-        for _ in range(limit):
-            try:
-                frames = recv_parts(sock)
-            except zmq.Again:
-                return
+        """Handle what waits on the socket of ``item`` (the poll said something does),
+        up to ``limit`` messages (sdk/sockets.py `read_queued`)."""
+        for frames in read_queued(item, limit):
             handle(frames)
-            if not waiting(item):
-                return
 
     def close(self) -> None:
         self.ctx.rejections.close()
